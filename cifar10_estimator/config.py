@@ -1,0 +1,163 @@
+"""Every trainer setting in one frozen dataclass: defaults, units, validation, derived values.
+
+``main`` builds one command-line flag per field (``num_layers`` -> ``--num-layers``) from the
+field's type and ``help`` metadata, so adding a setting is a one-field change here. The flag
+names and defaults of the original TensorFlow tutorial are kept (``--num-layers 44``,
+``--train-steps 80000``, batch 128, momentum 0.9, weight decay 2e-4, learning rate 0.1, batch
+norm 0.997 / 1e-5). ``validate`` rejects bad combinations once, naming the flag.
+"""
+
+import dataclasses
+import os
+from typing import Optional
+
+from cifar10_estimator.errors import UserError
+
+
+def _field(default, help: str, **extra):
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training job (one task of a cluster)."""
+
+    data_dir: Optional[str] = _field(
+        None, "folder with train/validation/eval.tfrecords (required except on a ps task)")
+    job_dir: Optional[str] = _field(
+        None, "folder for checkpoints, summaries and the export; shared by all tasks of a "
+              "cluster; rerunning with the same folder resumes (required)")
+    variable_strategy: str = _field(
+        "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
+               "GPUs by byte size", choices=("CPU", "GPU"))
+    num_gpus: int = _field(0, "GPUs per worker, one tower each; 0 trains on the CPU")
+    num_cpu_towers: int = _field(
+        1, "with --num-gpus 0: towers on this many logical CPU devices (to exercise the "
+           "multi-tower path without GPUs)")
+    num_layers: int = _field(44, "ResNet depth, 6n+2 (20, 32, 44, 56, 110, ...)")
+    resnet_version: int = _field(
+        1, "1: post-activation blocks (He et al. 2015); 2: pre-activation (He et al. 2016)",
+        choices=(1, 2))
+    train_steps: int = _field(80_000, "global step at which training stops")
+    train_batch_size: int = _field(
+        128, "images per step per worker, split evenly over its towers")
+    eval_batch_size: int = _field(100, "images per evaluation step, split over the towers")
+    momentum: float = _field(0.9, "momentum of the SGD optimizer")
+    weight_decay: float = _field(2e-4, "L2 coefficient applied to all trainable variables")
+    learning_rate: float = _field(
+        0.1, "base learning rate; multiplied by --lr-decay-factors at --lr-boundary-epochs")
+    lr_boundary_epochs: tuple[int, ...] = _field(
+        (82, 123, 300), "epochs at which the learning rate drops (comma-separated); the "
+                        "schedule of tensorpack's cifar10-resnet that the tutorial used")
+    lr_decay_factors: tuple[float, ...] = _field(
+        (1.0, 0.1, 0.01, 0.002), "learning-rate multipliers, one more than the boundaries")
+    use_distortion_for_training: bool = _field(
+        True, "pad, random-crop and flip training images (true/false)")
+    sync: bool = _field(
+        False, "in a cluster, aggregate one gradient per worker per step "
+               "(SyncReplicasOptimizer); default is asynchronous")
+    num_intra_threads: int = _field(
+        0, "threads inside one op (0: TensorFlow's choice, one per core)")
+    num_inter_threads: int = _field(
+        0, "ops run in parallel (0: TensorFlow's choice)")
+    data_format: Optional[str] = _field(
+        None, "channels_first (NCHW) or channels_last (NHWC); default: channels_last on CPU, "
+              "channels_first with GPUs", choices=("channels_first", "channels_last"))
+    log_device_placement: bool = _field(False, "log the device of every op")
+    batch_norm_decay: float = _field(0.997, "batch-norm moving-average decay")
+    batch_norm_epsilon: float = _field(1e-5, "batch-norm epsilon")
+    save_checkpoints_steps: Optional[int] = _field(
+        None, "save a checkpoint every N steps (instead of --save-checkpoints-secs)")
+    save_checkpoints_secs: Optional[int] = _field(
+        None, "save a checkpoint every N seconds (default 600 unless "
+              "--save-checkpoints-steps is given)")
+    eval_throttle_secs: int = _field(
+        600, "evaluate a new checkpoint at most this often during training")
+    keep_checkpoint_max: int = _field(5, "how many recent checkpoints to keep")
+    export_dir: Optional[str] = _field(
+        None, "where the SavedModel goes, in a numbered subfolder (default: JOB_DIR/export)")
+    seed: Optional[int] = _field(None, "random seed for initialisation, shuffling and augmentation")
+
+    @property
+    def checkpoint_secs(self) -> Optional[int]:
+        """Seconds between checkpoints; Estimator's 600 s unless steps were chosen."""
+        if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
+            return 600
+        return self.save_checkpoints_secs
+
+    def resolved_data_format(self) -> str:
+        if self.data_format:
+            return self.data_format
+        return "channels_first" if self.num_gpus > 0 else "channels_last"
+
+    @property
+    def num_towers(self) -> int:
+        return self.num_gpus if self.num_gpus > 0 else max(1, self.num_cpu_towers)
+
+    @property
+    def resolved_export_dir(self) -> str:
+        return self.export_dir or os.path.join(self.job_dir or "", "export")
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field name."""
+    return "--" + name.replace("_", "-")
+
+
+def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True) -> None:
+    """Raises UserError naming the flag for every invalid setting or combination.
+
+    Args:
+      config: the settings.
+      num_visible_gpus: GPUs TensorFlow can see on this machine.
+      needs_data: False on a parameter-server task, which needs neither data nor model flags.
+    """
+    if not config.job_dir:
+        raise UserError("--job-dir is required: the folder for checkpoints and the export")
+    if not needs_data:
+        return
+    if not config.data_dir:
+        raise UserError("--data-dir is required: the folder with the .tfrecords files")
+    for name in ("num_gpus", "train_steps", "eval_throttle_secs", "num_intra_threads",
+                 "num_inter_threads"):
+        if getattr(config, name) < 0:
+            raise UserError(f"{flag(name)} must be 0 or more, got {getattr(config, name)}")
+    for name in ("num_cpu_towers", "train_batch_size", "eval_batch_size", "keep_checkpoint_max"):
+        if getattr(config, name) < 1:
+            raise UserError(f"{flag(name)} must be 1 or more, got {getattr(config, name)}")
+    for name in ("save_checkpoints_steps", "save_checkpoints_secs"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise UserError(f"{flag(name)} must be 1 or more, got {value}")
+    if config.save_checkpoints_steps is not None and config.save_checkpoints_secs is not None:
+        raise UserError("--save-checkpoints-steps and --save-checkpoints-secs exclude each "
+                        "other; give one")
+    if config.num_layers < 8 or (config.num_layers - 2) % 6:
+        raise UserError(f"--num-layers must be 6n+2 (20, 32, 44, 56, 110, ...), "
+                        f"got {config.num_layers}")
+    if config.num_gpus > 0 and num_visible_gpus < config.num_gpus:
+        raise UserError(f"--num-gpus {config.num_gpus} requested but TensorFlow sees "
+                        f"{num_visible_gpus} GPU(s); use --num-gpus {num_visible_gpus}")
+    if config.num_gpus > 0 and config.num_cpu_towers != 1:
+        raise UserError("--num-cpu-towers applies only with --num-gpus 0")
+    if config.variable_strategy == "GPU" and config.num_gpus == 0:
+        raise UserError("--variable-strategy GPU needs GPUs; with --num-gpus 0 use "
+                        "--variable-strategy CPU")
+    for name in ("train_batch_size", "eval_batch_size"):
+        if getattr(config, name) % config.num_towers:
+            raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "
+                            f"{config.num_towers} towers; use a multiple of {config.num_towers}")
+    for name in ("learning_rate", "batch_norm_epsilon"):
+        if not getattr(config, name) > 0:
+            raise UserError(f"{flag(name)} must be positive, got {getattr(config, name)}")
+    for name in ("momentum", "batch_norm_decay"):
+        if not 0 <= getattr(config, name) < 1:
+            raise UserError(f"{flag(name)} must be in [0, 1), got {getattr(config, name)}")
+    if config.weight_decay < 0:
+        raise UserError(f"--weight-decay must be 0 or more, got {config.weight_decay}")
+    if len(config.lr_decay_factors) != len(config.lr_boundary_epochs) + 1:
+        raise UserError("--lr-decay-factors needs exactly one more value than "
+                        "--lr-boundary-epochs")
+    if list(config.lr_boundary_epochs) != sorted(set(config.lr_boundary_epochs)) or any(
+            e <= 0 for e in config.lr_boundary_epochs):
+        raise UserError("--lr-boundary-epochs must be positive and strictly increasing")

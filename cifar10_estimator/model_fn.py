@@ -1,0 +1,172 @@
+"""The Estimator ``model_fn``: towers, loss, learning-rate schedule, optimizer, metrics, export.
+
+``make_model_fn(ModelSettings(...))`` returns a ``model_fn(features, labels, mode)``. It reads top
+down by mode: logits and predictions, an early return for PREDICT with export outputs, the loss,
+then (TRAIN) gradients averaged over towers and one optimizer update, or (EVAL) metrics.
+"""
+
+import dataclasses
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from cifar10_estimator import cifar10, hooks, resnet, towers
+
+PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Everything the model_fn needs, resolved by the driver (no flags, no environment)."""
+
+    num_layers: int = 44
+    resnet_version: int = 1
+    data_format: str = "channels_last"
+    batch_norm_decay: float = 0.997
+    batch_norm_epsilon: float = 1e-5
+    weight_decay: float = 2e-4
+    momentum: float = 0.9
+    learning_rate: float = 0.1
+    lr_boundary_epochs: Sequence[int] = (82, 123, 300)
+    lr_decay_factors: Sequence[float] = (1.0, 0.1, 0.01, 0.002)
+    # Global steps per epoch = train records // (worker batch x workers); drives the schedule.
+    steps_per_epoch: int = 1
+    train_batch_size: int = 128  # per worker, all its towers together
+    devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
+    variable_strategy: str = "CPU"
+    num_workers: int = 1
+    sync: bool = False
+    is_chief: bool = True
+    compute_dtype: str = "float32"
+
+
+def learning_rate_schedule(global_step: tf.Tensor, s: ModelSettings) -> tf.Tensor:
+    """Piecewise-constant learning rate: base x factor[i] from epoch boundary[i-1] on.
+
+    The tutorial took tensorpack's cifar10-resnet schedule: x1, 0.1, 0.01, 0.002 at epochs 82,
+    123 and 300 (82 and 123 epochs are the paper's 32k and 48k iterations at batch 128 on 45k
+    images, He et al. 2015, section 4.2).
+    """
+    boundaries = [int(s.steps_per_epoch * e) for e in s.lr_boundary_epochs]
+    values = [s.learning_rate * f for f in s.lr_decay_factors]
+    return tf.compat.v1.train.piecewise_constant(global_step, boundaries, values)
+
+
+def _tower(images, labels, is_training, s: ModelSettings):
+    """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
+    logits = resnet.resnet_cifar(
+        images, is_training=is_training, num_layers=s.num_layers, version=s.resnet_version,
+        data_format=s.data_format, batch_norm_decay=s.batch_norm_decay,
+        batch_norm_epsilon=s.batch_norm_epsilon, num_classes=cifar10.NUM_CLASSES,
+        compute_dtype=tf.as_dtype(s.compute_dtype))
+    if labels is None:
+        return logits, None, None
+    xent = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+        labels, logits, reduction=tf.compat.v1.losses.Reduction.NONE)
+    params = tf.compat.v1.trainable_variables()
+    # The tutorial's L2 term covers every trainable variable (batch-norm scales and the dense
+    # bias included); l2_loss is half the squared norm.
+    l2 = s.weight_decay * tf.math.add_n([tf.nn.l2_loss(v) for v in params])
+    return logits, xent, l2
+
+
+def _format_progress(values):
+    return (f"step {values['step']}: loss = {values['loss']:.4f}, "
+            f"learning rate = {values['learning_rate']:.4g}")
+
+
+def make_model_fn(s: ModelSettings):
+    """Returns the Estimator model_fn for these settings."""
+
+    def model_fn(features, labels, mode):
+        is_training = mode == tf.estimator.ModeKeys.TRAIN
+        images = features["image"] if isinstance(features, dict) else features
+        # Serving and prediction use one tower on the first device: requests have any size.
+        devices = list(s.devices) if mode != tf.estimator.ModeKeys.PREDICT else [s.devices[0]]
+        consolidation = towers.consolidation_device(s.variable_strategy, devices)
+        setters = towers.make_device_setters(devices, s.variable_strategy)
+        image_shards = towers.split_batch(images, len(devices))
+        label_shards = (towers.split_batch(labels, len(devices)) if labels is not None
+                        else [None] * len(devices))
+
+        tower_logits, tower_xent, tower_grads, tower_losses = [], [], [], []
+        update_ops = []
+        for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
+            with tf.compat.v1.variable_scope("resnet", reuse=i > 0):
+                with tf.name_scope(f"tower_{i}") as scope:
+                    with tf.compat.v1.device(setter):
+                        logits, xent, l2 = _tower(x, y, is_training, s)
+                        tower_logits.append(logits)
+                        if xent is None:
+                            continue
+                        tower_xent.append(xent)
+                        loss = tf.reduce_mean(xent) + l2
+                        tower_losses.append(loss)
+                        if is_training:
+                            params = tf.compat.v1.trainable_variables()
+                            grads = tf.gradients(loss, params)
+                            tower_grads.append(list(zip(grads, params)))
+                    if i == 0:
+                        # Only tower 0 updates the batch-norm moving statistics: every tower
+                        # sees a random shard of the same distribution, so one tower's
+                        # statistics converge to the same values, and the update stays cheap.
+                        update_ops = tf.compat.v1.get_collection(
+                            tf.compat.v1.GraphKeys.UPDATE_OPS, scope)
+
+        with tf.compat.v1.device(consolidation):
+            logits = tf.concat(tower_logits, axis=0) if len(tower_logits) > 1 else tower_logits[0]
+            probabilities = tf.nn.softmax(logits, name="probabilities")
+            classes = tf.argmax(logits, axis=1, name="classes")
+            predictions = {"classes": classes, "probabilities": probabilities}
+
+            if mode == tf.estimator.ModeKeys.PREDICT:
+                return tf.estimator.EstimatorSpec(
+                    mode, predictions=predictions,
+                    export_outputs={PREDICT_SIGNATURE:
+                                    tf.estimator.export.PredictOutput(predictions)})
+
+            loss = tf.reduce_mean(tower_losses, name="loss")
+
+            if mode == tf.estimator.ModeKeys.EVAL:
+                all_xent = tf.concat(tower_xent, axis=0)
+                weight = features.get("weight") if isinstance(features, dict) else None
+                metrics = {
+                    "accuracy": tf.compat.v1.metrics.accuracy(labels, classes, weights=weight),
+                    "cross_entropy": tf.compat.v1.metrics.mean(all_xent, weights=weight),
+                }
+                return tf.estimator.EstimatorSpec(mode, predictions=predictions, loss=loss,
+                                                  eval_metric_ops=metrics)
+
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            learning_rate = tf.identity(learning_rate_schedule(global_step, s),
+                                        name="learning_rate")
+            accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)),
+                                              tf.float32), name="train_accuracy")
+            tf.compat.v1.summary.scalar("learning_rate", learning_rate)
+            tf.compat.v1.summary.scalar("train_accuracy", accuracy)
+
+            optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.momentum)
+            training_hooks = []
+            if s.sync:
+                optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                    optimizer, replicas_to_aggregate=s.num_workers,
+                    total_num_replicas=s.num_workers)
+                # Every worker needs the hook (the chief's also runs the token queue).
+                training_hooks.append(optimizer.make_session_run_hook(s.is_chief))
+            gradvars = towers.average_gradients(tower_grads)
+            apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
+            train_op = tf.group(apply_op, *update_ops)
+
+        per_global_step = None
+        if s.num_workers > 1:
+            per_global_step = s.train_batch_size * (s.num_workers if s.sync else 1)
+        training_hooks += [
+            hooks.ExamplesPerSecondHook(s.train_batch_size, per_global_step, every_n_steps=10),
+            tf.estimator.LoggingTensorHook(
+                {"step": global_step, "loss": loss, "learning_rate": learning_rate},
+                every_n_iter=100, formatter=_format_progress),
+        ]
+        return tf.estimator.EstimatorSpec(mode, predictions=predictions, loss=loss,
+                                          train_op=train_op, training_hooks=training_hooks)
+
+    return model_fn
