@@ -31,7 +31,7 @@ _NOISE = (
     "Graph was finalized", "Running local_init_op", "Done running local_init_op",
     "Using config:", "Not using Distribute Coordinator", "Running training and evaluation",
     "Start train and evaluate loop", "Calling checkpoint listeners", "Starting evaluation at",
-    "Inference Time :", "Restoring parameters from", "Evaluation [", "Saving 'checkpoint_path'",
+    "Inference Time :", "Evaluation [", "Saving 'checkpoint_path'",
     "Using default config", "Skipping training since max_steps", "No assets to ",
     "SavedModel written to", "Assets written to",
 )
@@ -145,7 +145,11 @@ def _task_type() -> Optional[str]:
                         "section on clusters") from None
 
 
-def _run(argv: Optional[Sequence[str]]) -> int:
+def run(argv: Optional[Sequence[str]] = None):
+    """Parses ``argv``, validates, sets up logging and trains; returns the ``TrainResult``.
+
+    Raises UserError for user mistakes (``main`` prints them as one line).
+    """
     args = build_parser().parse_args(argv)
     verbose = args.__dict__.pop("verbose")
     config = TrainConfig(**vars(args))
@@ -164,12 +168,15 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                           if k != "global_step")
         log.info("final evaluation at step %d: %s", result.eval_metrics.get("global_step", -1),
                  shown)
-    return 0
+    return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console-script entry point; returns the process exit status."""
-    return run_cli(lambda: _run(argv), "cifar10_estimator")
+    def train_only() -> int:
+        run(argv)
+        return 0
+    return run_cli(train_only, "cifar10_estimator")
 
 
 if __name__ == "__main__":
