@@ -100,6 +100,9 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
              "epoch", config.num_layers, config.resnet_version, settings.data_format,
              ", ".join(settings.devices), num_workers, train_records, settings.steps_per_epoch)
 
+    latest = tf.train.latest_checkpoint(config.job_dir)
+    if latest:
+        log.info("resuming from %s", latest)
     estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
     train_spec = tf.estimator.TrainSpec(
         lambda: train_data.make_batch(config.train_batch_size, seed=config.seed),

@@ -1,0 +1,92 @@
+"""The ResNet builder: the paper's parameter counts, shapes, versions and data formats."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator import resnet
+from trainer_fixtures import REPO
+
+
+def _count_trainable(num_layers, version=1):
+    with tf.Graph().as_default():
+        images = tf.compat.v1.placeholder(tf.float32, [None, 32, 32, 3])
+        resnet.resnet_cifar(images, is_training=True, num_layers=num_layers, version=version)
+        return sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
+
+
+@pytest.mark.parametrize("num_layers,expected", [
+    (20, 269_722), (32, 464_154), (44, 658_586), (56, 853_018)])
+def test_trainable_parameters_match_the_paper(num_layers, expected):
+    # He et al. 2015, Table 6: 0.27M, 0.46M, 0.66M, 0.85M with option-A shortcuts.
+    assert _count_trainable(num_layers) == expected
+
+
+def test_pre_activation_version_builds_with_its_final_batch_norm():
+    with tf.Graph().as_default():
+        images = tf.compat.v1.placeholder(tf.float32, [None, 32, 32, 3])
+        resnet.resnet_cifar(images, is_training=True, num_layers=8, version=2)
+        names = [v.name for v in tf.compat.v1.trainable_variables()]
+    assert "final_bn/gamma:0" in names and "stem_bn/gamma:0" not in names
+
+
+@pytest.mark.parametrize("bad", [7, 9, 21, 2])
+def test_depth_must_be_6n_plus_2(bad):
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="6n\\+2"):
+        resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=False, num_layers=bad)
+
+
+_LOGITS_SCRIPT = """
+import sys
+import numpy as np
+import tensorflow as tf
+from cifar10_estimator import resnet
+
+data_format, out_path = sys.argv[1], sys.argv[2]
+images = np.random.default_rng(0).uniform(0, 255, (3, 32, 32, 3)).astype(np.float32)
+results = {}
+for version in (1, 2):
+    with tf.Graph().as_default():
+        logits = resnet.resnet_cifar(tf.constant(images), is_training=False, num_layers=8,
+                                     version=version, data_format=data_format)
+        queued = len(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+        with tf.compat.v1.Session() as sess:
+            # Same values for both layouts: seeded by variable name, not graph position.
+            for v in tf.compat.v1.global_variables():
+                rng = np.random.default_rng(sum(map(ord, v.op.name)))
+                value = rng.normal(0, 0.2, v.shape.as_list()).astype(np.float32)
+                sess.run(v.assign(np.abs(value) + 0.5 if "variance" in v.name else value))
+            results[f"v{version}"] = sess.run(logits)
+            results[f"queued{version}"] = np.array(queued)
+np.savez(out_path, **results)
+"""
+
+
+def test_channels_first_computes_the_same_logits_as_channels_last(tmp_path):
+    # NCHW runs on this CPU through oneDNN, so the GPU layout is checked for real here. Each
+    # layout runs in its own process: on TF 2.15 with oneDNN, an NCHW graph run after an
+    # NHWC graph of the same shapes in one process gave wrong logits (seen while writing
+    # this test); one layout per process, as in training, is exact.
+    out = {}
+    for fmt in ("channels_last", "channels_first"):
+        path = tmp_path / f"{fmt}.npz"
+        subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, fmt, str(path)], check=True,
+                       capture_output=True, cwd=REPO)
+        out[fmt] = np.load(path)
+    for version in (1, 2):
+        nhwc, nchw = out["channels_last"][f"v{version}"], out["channels_first"][f"v{version}"]
+        assert nhwc.shape == (3, 10)  # odd batch: nothing divides by accident
+        assert out["channels_last"][f"queued{version}"] == 0  # inference queues no updates
+        np.testing.assert_allclose(nchw, nhwc, rtol=1e-4, atol=1e-4)
+
+
+def test_training_mode_queues_one_update_pair_per_batch_norm():
+    with tf.Graph().as_default():
+        resnet.resnet_cifar(tf.zeros([2, 32, 32, 3]), is_training=True, num_layers=8)
+        updates = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        moving = [v for v in tf.compat.v1.global_variables() if "moving_" in v.name]
+    # ResNet-8: stem + 3 blocks x 2 batch norms = 7, each with a mean and a variance.
+    assert len(updates) == len(moving) == 14

@@ -1,0 +1,122 @@
+"""End to end: train_and_evaluate from the command line, export, serve, resume."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from cifar10_estimator import cifar10, main, train
+from cifar10_estimator.config import TrainConfig
+from trainer_fixtures import REPO, TINY_FLAGS, run_module, tiny_records  # noqa: F401
+
+_SERVE_SCRIPT = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+model = tf.saved_model.load(sys.argv[1])
+images = np.load(sys.argv[2])
+examples = [l.encode("latin1") for l in json.load(open(sys.argv[3]))]
+a = model.signatures["serving_default"](images=tf.constant(images))
+b = model.signatures["serving_examples"](examples=tf.constant(examples))
+np.savez(sys.argv[4], p_images=a["probabilities"].numpy(), c_images=a["classes"].numpy(),
+         p_examples=b["probabilities"].numpy())
+"""
+
+
+def _step_of(checkpoint):
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
+def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_path):
+    data_dir, rows = tiny_records
+    job_dir = str(tmp_path / "job")
+    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+                       "--num-cpu-towers", "2", "--train-steps", "12",
+                       "--save-checkpoints-steps", "6", "--eval-throttle-secs", "1",
+                       "--seed", "3", "--batch-norm-decay", "0.5"])
+    assert _step_of(tf.train.latest_checkpoint(job_dir)) == 12
+    assert result.eval_metrics["global_step"] == 12
+    assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
+    assert os.path.isfile(os.path.join(result.export_path, "saved_model.pb"))
+    assert os.listdir(os.path.dirname(result.export_path)) == [
+        os.path.basename(result.export_path)]  # no temporary folders left behind
+
+    # The Estimator's own predictions for the first eval images...
+    images_chw, _ = rows["eval"]
+    images = images_chw[:6].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
+    config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
+                         num_cpu_towers=2, batch_norm_decay=0.5)
+    settings = train.model_settings(config, 1, True, 96)
+    from cifar10_estimator.model_fn import make_model_fn
+    estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
+    expected = np.stack([p["probabilities"] for p in estimator.predict(
+        lambda: tf.data.Dataset.from_tensor_slices({"image": images}).batch(6))])
+
+    # ...equal the SavedModel's, loaded in a fresh process, through both signatures.
+    np.save(tmp_path / "images.npy", images)
+    examples = [cifar10.encode_example(r.tobytes(), 0).decode("latin1") for r in images_chw[:6]]
+    (tmp_path / "examples.json").write_text(json.dumps(examples))
+    subprocess.run([sys.executable, "-c", _SERVE_SCRIPT, result.export_path,
+                    str(tmp_path / "images.npy"), str(tmp_path / "examples.json"),
+                    str(tmp_path / "served.npz")], check=True, capture_output=True)
+    served = np.load(tmp_path / "served.npz")
+    np.testing.assert_allclose(served["p_images"], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(served["p_examples"], expected, rtol=1e-4, atol=1e-5)
+    assert np.array_equal(served["c_images"], expected.argmax(axis=1))
+
+    # saved_model_cli sees both signatures and runs the default one.
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    shown = subprocess.run([cli, "show", "--dir", result.export_path, "--all"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "signature_def['serving_default']" in shown
+    assert "signature_def['serving_examples']" in shown
+    ran = subprocess.run([cli, "run", "--dir", result.export_path, "--tag_set", "serve",
+                          "--signature_def", "serving_default",
+                          "--inputs", f"images={tmp_path / 'images.npy'}"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "probabilities" in ran and "classes" in ran
+
+    # The predict command names CIFAR classes for an image file of another size.
+    png = tmp_path / "big.png"
+    png.write_bytes(tf.io.encode_png(np.full((70, 50, 3), 128, np.uint8)).numpy())
+    proc = run_module("cifar10_estimator.predict", "--saved-model", result.export_path,
+                      str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(rf"{re.escape(str(png))}: (\w+ \d+\.\d%, ){{2}}\w+ \d+\.\d%\n",
+                        proc.stdout)
+    assert proc.stdout.split(": ")[1].split()[0] in cifar10.CLASS_NAMES
+
+
+def test_rerunning_after_a_killed_run_resumes_from_the_last_checkpoint(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+             "--train-steps", "100000", "--save-checkpoints-steps", "5",
+             "--eval-throttle-secs", "100000"]
+    proc = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *flags], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            latest = tf.train.latest_checkpoint(job_dir)
+            if latest and _step_of(latest) >= 10:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("no checkpoint within 120 s")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed_at = _step_of(tf.train.latest_checkpoint(job_dir))
+    flags[flags.index("--train-steps") + 1] = str(killed_at + 5)
+    rerun = run_module("cifar10_estimator", *flags)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming from {job_dir}/model.ckpt-{killed_at}" in rerun.stderr
+    assert _step_of(tf.train.latest_checkpoint(job_dir)) == killed_at + 5
+    assert f"final evaluation at step {killed_at + 5}" in rerun.stderr

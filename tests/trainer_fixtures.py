@@ -1,0 +1,57 @@
+"""Fixtures for the trainer's tests: tiny record sets in the real schema, tiny configs."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cifar10_estimator import cifar10
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# ResNet-8, batch 8: the smallest network with every kind of block (stride and channel
+# changes in stages 2 and 3), so the tests stay fast on two cores.
+TINY_FLAGS = ["--num-layers", "8", "--train-batch-size", "8", "--eval-batch-size", "8"]
+
+
+def learnable_images(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """CHW uint8 rows whose brightness encodes the label (a network learns it in a few steps)."""
+    base = (labels[:, None] * 24 + 8).astype(np.int32)
+    noise = rng.integers(-8, 9, size=(len(labels), cifar10.IMAGE_BYTES))
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+def write_records(data_dir: str, sizes: dict, seed: int = 0) -> dict:
+    """Writes train/validation/eval.tfrecords with the package's encoder; returns the rows."""
+    import tensorflow as tf
+
+    os.makedirs(data_dir, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    rows = {}
+    for split, n in sizes.items():
+        labels = np.arange(n) % cifar10.NUM_CLASSES
+        rng.shuffle(labels)
+        images = learnable_images(labels, rng)
+        with tf.io.TFRecordWriter(cifar10.record_path(data_dir, split)) as writer:
+            for image, label in zip(images, labels):
+                writer.write(cifar10.encode_example(image.tobytes(), int(label)))
+        rows[split] = (images, labels)
+    return rows
+
+
+@pytest.fixture(scope="session")
+def tiny_records(tmp_path_factory):
+    """A data dir with 96 train, 16 validation and 37 eval records (37: a partial last batch)."""
+    data_dir = str(tmp_path_factory.mktemp("records"))
+    rows = write_records(data_dir, {"train": 96, "validation": 16, "eval": 37})
+    return data_dir, rows
+
+
+def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: int = 300
+               ) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` in a fresh process; returns the completed process."""
+    env = dict(os.environ, **(env_extra or {}))
+    env.pop("TF_CONFIG", None) if not env_extra or "TF_CONFIG" not in env_extra else None
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=env)
