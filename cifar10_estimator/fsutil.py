@@ -13,9 +13,31 @@ import tempfile
 from typing import Iterator
 
 
+def _current_umask() -> int:
+    # The only portable way to read the umask is to set it and put it back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp/mkdtemp create 0600 files and 0700 folders (right for temporaries); what we rename
+# into place gets the mode a plain open()/mkdir() would have given it.
+_UMASK = _current_umask()
+FILE_MODE = 0o666 & ~_UMASK
+DIR_MODE = 0o777 & ~_UMASK
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temp_name(final_path: str, suffix: str) -> str:
     directory, name = os.path.split(os.path.abspath(final_path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=directory)
+    # mkstemp creates the file private (0600); the final file gets the usual permissions.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return tmp
 
@@ -33,6 +55,7 @@ def atomic_path(final_path: str) -> Iterator[str]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, final_path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -56,8 +79,10 @@ def atomic_dir(final_path: str) -> Iterator[str]:
     parent, name = os.path.split(os.path.abspath(final_path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
+        os.chmod(tmp, DIR_MODE)
         os.rename(tmp, final_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
