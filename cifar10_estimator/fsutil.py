@@ -27,17 +27,9 @@ FILE_MODE = 0o666 & ~_UMASK
 DIR_MODE = 0o777 & ~_UMASK
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _temp_name(final_path: str, suffix: str) -> str:
     directory, name = os.path.split(os.path.abspath(final_path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=suffix, dir=directory)
-    # mkstemp creates the file private (0600); the final file gets the usual permissions.
-    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return tmp
 
@@ -79,7 +71,6 @@ def atomic_dir(final_path: str) -> Iterator[str]:
     parent, name = os.path.split(os.path.abspath(final_path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
-    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
         os.chmod(tmp, DIR_MODE)
