@@ -6,16 +6,24 @@ The generator (``generate``) writes records with ``encode_example``; the input p
 one ``tf.train.Example`` per image with ``image`` = the 3,072 raw bytes exactly as CIFAR stores
 them (channel-major, "CHW": 1,024 red, 1,024 green, 1,024 blue, each 32x32 row-major) and
 ``label`` = an int64 class id.
+
+TensorFlow is imported on first use, not at import time: the generator's source handling, the
+sample data and the batch loader use the constants here without paying for (or being logged
+at by) a TensorFlow import, and command lines can set TensorFlow's log level first.
+``FEATURE_SPEC`` is built on first access (PEP 562 module ``__getattr__``).
 """
 
+
+import functools
 import json
 import os
-from typing import Mapping
-
-import tensorflow as tf
+from typing import TYPE_CHECKING, Any, Mapping
 
 from cifar10_estimator import fsutil
 from cifar10_estimator.errors import UserError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 # https://www.cs.toronto.edu/~kriz/cifar.html: 32x32 RGB images, 10 classes.
 HEIGHT = 32
@@ -42,12 +50,21 @@ REAL_SPLIT_SIZES = {"train": 40_000, "validation": 10_000, "eval": 10_000}
 BATCHES_DIRNAME = "cifar-10-batches-py"
 METADATA_FILENAME = "cifar10_records.json"
 
-FEATURE_SPEC = {
-    "image": tf.io.FixedLenFeature([], tf.string),
-    "label": tf.io.FixedLenFeature([], tf.int64),
-}
-
 GENERATOR_COMMAND = "python tools/generate_tfrecords.py --data-dir DIR (or --sample for built-in sample data)"
+
+
+def __getattr__(name: str) -> Any:
+    # FEATURE_SPEC = {"image": string, "label": int64}, made when first asked for.
+    if name == "FEATURE_SPEC":
+        import tensorflow as tf
+
+        spec = {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        }
+        globals()["FEATURE_SPEC"] = spec
+        return spec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def record_path(data_dir: str, split: str) -> str:
@@ -57,24 +74,60 @@ def record_path(data_dir: str, split: str) -> str:
     return os.path.join(data_dir, f"{split}.tfrecords")
 
 
+def _varint(value: int) -> bytes:
+    """Protobuf base-128 varint; negative int64 values as their 64-bit two's complement."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+# The two map entries of Features.feature (tensorflow/core/example/{example,feature}.proto):
+# entry {1: key, 2: Feature}; Feature {1: BytesList | 3: Int64List}; BytesList {1: value};
+# Int64List {1: packed int64 values}.
+_IMAGE_KEY = _field(1, b"image")
+_LABEL_KEY = _field(1, b"label")
+
+
 def encode_example(image: bytes, label: int) -> bytes:
     """Serializes one image (3,072 CHW bytes) and its label as a ``tf.train.Example``.
 
-    The feature map is built with ``image`` first, then ``label``, as the original generator did,
-    so the serialized bytes are identical to its records.
+    The bytes are exactly what ``tf.train.Example(features={"image": bytes_list [image],
+    "label": int64_list [label]}).SerializeToString()`` returns with the pinned TensorFlow
+    2.15 / protobuf 4 (which writes the ``label`` entry before ``image``; tested), written by
+    hand because building the message dominates the generator's run time. A reader cannot tell
+    the difference: the entries of a protobuf map may come in any order.
     """
-    feature = {
-        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
-        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return _example_header(int(label), len(image)) + image
 
 
-def decode_images(raw: tf.Tensor) -> tf.Tensor:
+@functools.lru_cache(maxsize=1024)
+def _example_header(label: int, image_len: int) -> bytes:
+    """Every byte of the serialized Example before the image bytes (the image comes last)."""
+    if not -(1 << 63) <= label < (1 << 63):
+        raise ValueError(f"label {label} does not fit in int64")
+    label_entry = _field(1, _LABEL_KEY + _field(2, _field(3, _field(1, _varint(label)))))
+    image_entry = _field(1, _IMAGE_KEY + _field(2, _field(1, _field(1, b"\0" * image_len))))
+    example = _field(1, label_entry + image_entry)
+    return example[:len(example) - image_len]
+
+
+def decode_images(raw: "tf.Tensor") -> "tf.Tensor":
     """Turns raw image strings of any batch shape ``S`` into uint8 images of shape S + (32, 32, 3).
 
     The bytes are channel-major (CHW) as CIFAR stores them; the result is HWC.
     """
+    import tensorflow as tf
+
     pixels = tf.io.decode_raw(raw, tf.uint8)
     batch_shape = tf.shape(raw)
     chw = tf.reshape(pixels, tf.concat([batch_shape, [CHANNELS, HEIGHT, WIDTH]], axis=0))
@@ -92,6 +145,8 @@ def write_metadata(data_dir: str, counts: Mapping[str, int], source: str) -> Non
 
 def count_records(path: str) -> int:
     """Counts the records of one TFRecord file by reading it (used when no metadata exists)."""
+    import tensorflow as tf
+
     try:
         return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(path))
     except tf.errors.DataLossError as e:

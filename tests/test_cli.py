@@ -5,7 +5,7 @@ import os
 import pytest
 
 from cifar10_estimator import main
-from trainer_fixtures import TINY_FLAGS, run_module, tiny_records  # noqa: F401
+from trainer_fixtures import TINY_FLAGS, run_module
 
 
 @pytest.mark.parametrize("flags,message", [

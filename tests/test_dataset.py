@@ -6,7 +6,6 @@ import tensorflow as tf
 
 from cifar10_estimator import cifar10, dataset
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import tiny_records  # noqa: F401  (pytest fixture)
 
 
 def _hwc(rows):

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from cifar10_estimator import cifar10, main, train
 from cifar10_estimator.config import TrainConfig
-from trainer_fixtures import REPO, TINY_FLAGS, run_module, tiny_records  # noqa: F401
+from trainer_fixtures import REPO, TINY_FLAGS, run_module
 
 _SERVE_SCRIPT = """
 import json, sys

@@ -51,7 +51,7 @@ def tiny_records(tmp_path_factory):
 def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: int = 300
                ) -> subprocess.CompletedProcess:
     """Runs ``python -m module args`` in a fresh process; returns the completed process."""
-    env = dict(os.environ, **(env_extra or {}))
-    env.pop("TF_CONFIG", None) if not env_extra or "TF_CONFIG" not in env_extra else None
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}  # never a stray cluster
+    env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=env)

@@ -1,0 +1,368 @@
+"""CIFAR-10's python batch files: a safe, validating reader and a Python-2-style writer.
+
+The batches (``data_batch_1`` .. ``data_batch_5``, ``test_batch``, ``batches.meta``) are pickles
+written by Python 2's ``cPickle`` at protocol 2 (https://www.cs.toronto.edu/~kriz/cifar.html).
+A pickle can name any importable callable, so loading an untrusted one with ``pickle.load`` can
+run code. ``load_batch`` therefore uses an unpickler whose ``find_class`` admits only the few
+names a numpy array needs, and then checks that the content is what a CIFAR batch holds.
+
+``dumps_py2`` writes pickles with the same opcodes Python 2's ``cPickle`` produced, so the
+built-in sample data (``sample_data``) travels exactly the loader path real CIFAR-10 files do.
+"""
+
+
+import io
+import os
+import pickle
+import struct
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from cifar10_estimator.errors import UserError
+
+# Shape facts of a CIFAR-10 batch (https://www.cs.toronto.edu/~kriz/cifar.html).
+IMAGE_BYTES = 32 * 32 * 3
+NUM_CLASSES = 10
+# A real batch file is 31 MB (10,000 images); refuse anything absurd before reading it into
+# memory. Reading the whole file first also means a forged length field inside the pickle can
+# only ever hit "truncated", never make the reader allocate gigabytes.
+MAX_BATCH_FILE_BYTES = 1 << 30
+
+
+class Batch(NamedTuple):
+    """One validated batch: ``data`` uint8 (N, 3072) in CIFAR's CHW byte order, ``labels`` (N,)."""
+
+    data: np.ndarray
+    labels: np.ndarray  # int64, values in 0..9
+
+
+def _latin1_encode(text: Any, encoding: Any = "latin1") -> bytes:
+    """The one use of ``_codecs.encode`` a batch can need (see ``_RestrictedUnpickler``)."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("_codecs.encode is admitted only as str.encode('latin1')")
+    return text.encode("latin-1")
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that can rebuild dicts, lists, strings, numbers and numpy arrays, nothing else.
+
+    Containers, strings and numbers need no ``find_class`` at all; a numpy array pickles as
+    ``_reconstruct(ndarray, (0,), b'b')`` plus ``__setstate__`` with a ``dtype`` (protocols
+    0-4, and every real CIFAR-10 file). Names are mapped to the objects of the numpy installed
+    here, so a pickle never causes an import.
+    """
+
+    _reconstruct = np.core.multiarray._reconstruct
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+        # numpy >= 2 writes its private package under its new name.
+        ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        # Protocol 5 (pickle.HIGHEST_PROTOCOL) rebuilds an array as _frombuffer(buffer, dtype,
+        # shape, order), i.e. np.frombuffer(...).reshape(...): data only, no other effect.
+        ("numpy.core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
+        ("numpy._core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
+        # Python 3 at protocol 2 has no opcode for bytes and writes them as
+        # _codecs.encode(<latin-1 str>, 'latin1'); the array data of a batch re-saved that way
+        # (e.g. by a Python 3 conversion script) needs it. The real files, from Python 2, never
+        # do. Only the latin-1 form is admitted: other codecs (zlib, bz2, ...) are not needed
+        # and could be used as decompression bombs.
+        ("_codecs", "encode"): _latin1_encode,
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self.ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(
+                f"refused to load {module}.{name}: a CIFAR-10 batch holds only numpy arrays, "
+                "lists, strings and numbers") from None
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        size = os.path.getsize(path)
+        if os.path.isdir(path):
+            raise IsADirectoryError
+        if size > MAX_BATCH_FILE_BYTES:
+            raise UserError(f"{path} is {size:,} bytes, far larger than a CIFAR-10 batch "
+                            f"(31 MB); it is not a batch file")
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: the CIFAR-10 batch folder is incomplete; delete it "
+                        "so that it is extracted again from the archive") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a CIFAR-10 batch file; replace the folder "
+                        "with the genuine extracted batches") from None
+    except PermissionError:
+        raise UserError(f"{path} cannot be read (permission denied)") from None
+
+
+def load_pickle(path: str) -> Any:
+    """Unpickles a CIFAR-10 python file safely (restricted unpickler, ``encoding='bytes'``).
+
+    Python 2 ``str`` values, i.e. all keys and names in the real files, come back as ``bytes``.
+    Any failure is a one-line ``UserError`` naming the file.
+    """
+    raw = _read_file(path)
+    if not raw:
+        raise UserError(f"{path} is empty; the CIFAR-10 batches are damaged, extract them again")
+    try:
+        obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except pickle.UnpicklingError as e:
+        message = str(e)
+        if "truncated" in message:
+            message = "the file is truncated"
+        raise UserError(f"{path} is not a valid CIFAR-10 batch ({message})") from None
+    except EOFError:
+        raise UserError(f"{path} is not a valid CIFAR-10 batch (the file is truncated)") from None
+    except Exception as e:  # noqa: BLE001 - anything a malformed data file provokes is its fault
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(f"{path} is not a valid CIFAR-10 batch (the pickle is malformed: "
+                        f"{type(e).__name__}: {detail})") from None
+    return obj
+
+
+def _get(mapping: dict, key: str) -> Any:
+    # Python 2 wrote str keys, which encoding='bytes' returns as bytes; accept text keys too
+    # (a file re-saved by Python 3).
+    if key.encode() in mapping:
+        return mapping[key.encode()]
+    if key in mapping:
+        return mapping[key]
+    raise KeyError(key)
+
+
+def validate_batch(obj: Any, path: str) -> Batch:
+    """Checks that ``obj`` (from ``path``) is a CIFAR-10 batch and returns its images and labels."""
+    where = f"{path} is not a valid CIFAR-10 batch"
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a dict, found {type(obj).__name__}")
+    try:
+        data = _get(obj, "data")
+        labels = _get(obj, "labels")
+    except KeyError as e:
+        raise UserError(f"{where}: it has no '{e.args[0]}' entry") from None
+    if not isinstance(data, np.ndarray):
+        raise UserError(f"{where}: 'data' is a {type(data).__name__}, expected a numpy array")
+    if data.dtype != np.uint8:
+        raise UserError(f"{where}: 'data' has dtype {data.dtype}, expected uint8")
+    if data.ndim != 2 or data.shape[1] != IMAGE_BYTES or data.shape[0] == 0:
+        raise UserError(f"{where}: 'data' has shape {data.shape}, expected (N, {IMAGE_BYTES}) "
+                        "with N >= 1")
+    if not isinstance(labels, (list, tuple)):
+        raise UserError(f"{where}: 'labels' is a {type(labels).__name__}, expected a list")
+    if len(labels) != data.shape[0]:
+        raise UserError(f"{where}: {len(labels)} labels for {data.shape[0]} images")
+    for i, label in enumerate(labels):
+        # bool is an int subclass but never a class id.
+        if not isinstance(label, int) or isinstance(label, bool):
+            raise UserError(f"{where}: label {i} is {label!r}, expected an int in "
+                            f"0..{NUM_CLASSES - 1}")
+        if not 0 <= label < NUM_CLASSES:
+            raise UserError(f"{where}: label {i} is {label}, outside 0..{NUM_CLASSES - 1}")
+    return Batch(np.ascontiguousarray(data), np.asarray(labels, dtype=np.int64))
+
+
+def load_batch(path: str) -> Batch:
+    """Loads and validates one CIFAR-10 python batch file (``data_batch_N`` or ``test_batch``)."""
+    return validate_batch(load_pickle(path), path)
+
+
+# --- Writer: pickles as Python 2's cPickle did at protocol 2 ----------------------------------
+# Opcodes of pickle protocol 2 (Lib/pickletools.py documents each one).
+_PROTO2 = b"\x80\x02"
+_STOP = b"."
+_MARK = b"("
+_NONE = b"N"
+_TRUE, _FALSE = b"\x88", b"\x89"
+_BININT1, _BININT2, _BININT, _LONG1 = b"K", b"M", b"J", b"\x8a"
+_BINFLOAT = b"G"
+_SHORT_BINSTRING, _BINSTRING = b"U", b"T"
+_EMPTY_TUPLE, _TUPLE = b")", b"t"
+_TUPLE_N = {1: b"\x85", 2: b"\x86", 3: b"\x87"}
+_EMPTY_LIST, _APPEND, _APPENDS = b"]", b"a", b"e"
+_EMPTY_DICT, _SETITEM, _SETITEMS = b"}", b"s", b"u"
+_GLOBAL, _REDUCE, _BUILD = b"c", b"R", b"b"
+_BINPUT, _LONG_BINPUT, _BINGET, _LONG_BINGET = b"q", b"r", b"h", b"j"
+# Python 2's pickler wrote list items and dict entries in runs of 1,000 (pickle.py _BATCHSIZE).
+_BATCHSIZE = 1000
+
+
+class _Py2Pickler:
+    """Emits what Python 2.7's ``cPickle.dump(obj, f, 2)`` wrote for CIFAR-like objects.
+
+    Python 2 ``str`` is a byte string: text and bytes are both written as SHORT_BINSTRING /
+    BINSTRING. Like cPickle, memo slots count from 1, and objects that were temporaries in
+    cPickle (tuples, the strings inside numpy's ``__reduce__`` values) are not memoized.
+    """
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.memo: dict[Any, int] = {}
+        self._alive: list[Any] = []  # keeps memoized objects alive so their id()s stay unique
+
+    def _put(self, key: Any, obj: Any) -> None:
+        index = len(self.memo) + 1
+        self.memo[key] = index
+        self._alive.append(obj)
+        self.out.append(_BINPUT + bytes([index]) if index < 256
+                        else _LONG_BINPUT + struct.pack("<I", index))
+
+    def _get_memo(self, key: Any) -> bool:
+        index = self.memo.get(key)
+        if index is None:
+            return False
+        self.out.append(_BINGET + bytes([index]) if index < 256
+                        else _LONG_BINGET + struct.pack("<I", index))
+        return True
+
+    def _string(self, value: bytes, memoize: bool = True) -> None:
+        if memoize and self._get_memo(("str", value)):
+            return
+        if len(value) < 256:
+            self.out.append(_SHORT_BINSTRING + bytes([len(value)]) + value)
+        else:
+            self.out.append(_BINSTRING + struct.pack("<i", len(value)) + value)
+        if memoize:
+            self._put(("str", value), value)
+
+    def _global(self, module: str, name: str) -> None:
+        key = ("global", module, name)
+        if not self._get_memo(key):
+            self.out.append(_GLOBAL + f"{module}\n{name}\n".encode("ascii"))
+            self._put(key, None)
+
+    def _int(self, value: int) -> None:
+        if 0 <= value < 0x100:
+            self.out.append(_BININT1 + bytes([value]))
+        elif 0 <= value < 0x10000:
+            self.out.append(_BININT2 + struct.pack("<H", value))
+        elif -(1 << 31) <= value < (1 << 31):
+            self.out.append(_BININT + struct.pack("<i", value))
+        else:  # a Python 2 long
+            n = (value.bit_length() + 8) // 8
+            self.out.append(_LONG1 + bytes([n]) + value.to_bytes(n, "little", signed=True))
+
+    def _tuple(self, items: tuple) -> None:
+        if not items:
+            self.out.append(_EMPTY_TUPLE)
+            return
+        if len(items) <= 3:
+            for item in items:
+                self.save(item)
+            self.out.append(_TUPLE_N[len(items)])
+            return
+        self.out.append(_MARK)
+        for item in items:
+            self.save(item)
+        self.out.append(_TUPLE)
+
+    def _dtype(self, dtype: np.dtype) -> None:
+        if self._get_memo(("dtype", dtype.str)):
+            return
+        if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biuf":
+            raise TypeError(f"cannot write numpy dtype {dtype} in the CIFAR pickle format")
+        # numpy's dtype.__reduce__ of the Python 2 era: dtype('u1', 0, 1) then state version 3
+        # (byte order, no subarray/names/fields, elsize/alignment -1, flags 0).
+        self._global("numpy", "dtype")
+        self._string(f"{dtype.kind}{dtype.itemsize}".encode("ascii"), memoize=False)
+        self._int(0)
+        self._int(1)
+        self.out.append(_TUPLE_N[3] + _REDUCE)
+        self._put(("dtype", dtype.str), dtype)
+        self.out.append(_MARK)
+        self._int(3)
+        self._string(dtype.byteorder.replace("=", "<").encode("ascii"), memoize=False)
+        self.out.append(_NONE * 3)
+        self._int(-1)
+        self._int(-1)
+        self._int(0)
+        self.out.append(_TUPLE + _BUILD)
+
+    def _ndarray(self, array: np.ndarray) -> None:
+        if self._get_memo(("id", id(array))):
+            return
+        # ndarray.__reduce__: _reconstruct(ndarray, (0,), 'b'), then __setstate__ with
+        # (version 1, shape, dtype, is_fortran False, raw C-order bytes).
+        self._global("numpy.core.multiarray", "_reconstruct")
+        self._global("numpy", "ndarray")
+        self._int(0)
+        self.out.append(_TUPLE_N[1])
+        self._string(b"b", memoize=False)
+        self.out.append(_TUPLE_N[3] + _REDUCE)
+        self._put(("id", id(array)), array)
+        self.out.append(_MARK)
+        self._int(1)
+        self._tuple(tuple(int(d) for d in array.shape))
+        self._dtype(array.dtype)
+        self.out.append(_FALSE)
+        self._string(np.ascontiguousarray(array).tobytes(), memoize=False)
+        self.out.append(_TUPLE + _BUILD)
+
+    def _batched(self, pairs: list, one: bytes, many: bytes, save_item) -> None:
+        for start in range(0, len(pairs), _BATCHSIZE):
+            chunk = pairs[start:start + _BATCHSIZE]
+            if len(chunk) == 1:
+                save_item(chunk[0])
+                self.out.append(one)
+            else:
+                self.out.append(_MARK)
+                for item in chunk:
+                    save_item(item)
+                self.out.append(many)
+
+    def save(self, obj: Any) -> None:
+        if obj is None:
+            self.out.append(_NONE)
+        elif isinstance(obj, (bool, np.bool_)):
+            self.out.append(_TRUE if obj else _FALSE)
+        elif isinstance(obj, (int, np.integer)):
+            self._int(int(obj))
+        elif isinstance(obj, (float, np.floating)):
+            self.out.append(_BINFLOAT + struct.pack(">d", float(obj)))
+        elif isinstance(obj, str):
+            # A Python 2 str: only ASCII is unambiguous.
+            self._string(obj.encode("ascii"))
+        elif isinstance(obj, bytes):
+            self._string(obj)
+        elif isinstance(obj, tuple):
+            self._tuple(obj)
+        elif isinstance(obj, list):
+            if self._get_memo(("id", id(obj))):
+                return
+            self.out.append(_EMPTY_LIST)
+            self._put(("id", id(obj)), obj)
+            self._batched(obj, _APPEND, _APPENDS, self.save)
+        elif isinstance(obj, dict):
+            if self._get_memo(("id", id(obj))):
+                return
+            self.out.append(_EMPTY_DICT)
+            self._put(("id", id(obj)), obj)
+
+            def save_pair(pair: tuple) -> None:
+                self.save(pair[0])
+                self.save(pair[1])
+
+            self._batched(list(obj.items()), _SETITEM, _SETITEMS, save_pair)
+        elif isinstance(obj, np.ndarray):
+            self._ndarray(obj)
+        else:
+            raise TypeError(f"cannot write {type(obj).__name__} in the CIFAR pickle format")
+
+
+def dumps_py2(obj: Any) -> bytes:
+    """Pickles dicts, lists, tuples, str/bytes, numbers and numpy arrays as Python 2 did.
+
+    The result has the opcodes of Python 2.7 ``cPickle.dumps(obj, 2)``: text as byte strings
+    (SHORT_BINSTRING / BINSTRING), arrays via ``numpy.core.multiarray._reconstruct``, no
+    ``_codecs.encode``. ``str`` values must be ASCII.
+    """
+    pickler = _Py2Pickler()
+    pickler.out.append(_PROTO2)
+    pickler.save(obj)
+    pickler.out.append(_STOP)
+    return b"".join(pickler.out)

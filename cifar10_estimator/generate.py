@@ -1,0 +1,276 @@
+"""CIFAR-10 python batches -> ``train/validation/eval.tfrecords``: the data generator.
+
+``generate_tfrecords`` finds the source (the extracted ``cifar-10-batches-py/`` folder, else the
+``cifar-10-python.tar.gz`` archive, else a download), loads every batch through the safe loader
+of ``batches`` and writes the splits of ``cifar10.SPLITS`` with ``cifar10.encode_example``.
+
+All-or-nothing: every batch is loaded and validated before anything is written; then all three
+files are written under temporary names and renamed only once all are complete, so an error or
+an interruption leaves the previous outputs (if any) untouched and no new final-named file. If a
+rename itself fails part-way, the files already renamed by this run are removed again. The
+metadata file (``cifar10.write_metadata``) is written last.
+
+``main`` is the command line (``tools/generate_tfrecords.py``, ``cifar10-generate-tfrecords``).
+"""
+
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from typing import Callable, Iterator, NamedTuple, Sequence, TextIO
+
+from cifar10_estimator import batches, cifar10, download, fsutil, sample_data
+from cifar10_estimator.download import ARCHIVE_NAME, DEFAULT_MD5, DEFAULT_URL
+from cifar10_estimator.errors import UserError, run_cli
+
+PROG = "generate_tfrecords"
+
+
+def _locate_source(data_dir: str, source_url: str, source_md5: str, log: Callable[[str], None],
+                   progress: TextIO | None, timeout: float) -> tuple[str, str]:
+    """Returns (the extracted batches folder, a description of where it came from)."""
+    batches_dir = os.path.join(data_dir, cifar10.BATCHES_DIRNAME)
+    if os.path.isdir(batches_dir):
+        description = (sample_data.describe(batches_dir)
+                       or f"CIFAR-10 python batches in {os.path.abspath(batches_dir)}")
+        return batches_dir, description
+    if os.path.lexists(batches_dir):
+        raise UserError(f"{batches_dir} exists but is not a folder; remove it")
+    archive = os.path.join(data_dir, ARCHIVE_NAME)
+    if os.path.isfile(archive):
+        log(f"Checking {archive}")
+        download.verify_md5(archive, source_md5)
+        description = f"{os.path.abspath(archive)} (MD5 {source_md5.lower()})"
+    else:
+        download.download(source_url, archive, source_md5, timeout=timeout, progress=progress)
+        description = f"{source_url} (MD5 {source_md5.lower()})"
+    log(f"Extracting {archive}")
+    return download.extract_batches(archive, data_dir), description
+
+
+@contextlib.contextmanager
+def _all_or_nothing(final_paths: Sequence[str]) -> Iterator[list[str]]:
+    """Temporary paths for ``final_paths``, all renamed into place only if the block succeeds."""
+    renamed: list[str] = []
+
+    def note_renamed(path: str) -> Callable[..., None]:
+        def exit_(exc_type: object, exc: object, tb: object) -> None:
+            if exc_type is None:
+                renamed.append(path)
+        return exit_
+
+    try:
+        with contextlib.ExitStack() as stack:
+            temps = []
+            for path in final_paths:
+                # Pushed before its atomic_path, so it runs just after that one's rename.
+                stack.push(note_renamed(path))
+                temps.append(stack.enter_context(fsutil.atomic_path(path)))
+            yield temps
+    except BaseException:
+        # Non-empty only if a rename failed part-way: take back what this run put in place.
+        for path in renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        raise
+
+
+class Source(NamedTuple):
+    """The loaded, validated batches of every split and a description of their origin."""
+
+    splits: dict[str, list[batches.Batch]]
+    description: str
+
+
+def load_source(data_dir: str, source_url: str = DEFAULT_URL, source_md5: str = DEFAULT_MD5,
+                log: Callable[[str], None] | None = None, progress: TextIO | None = None,
+                timeout: float = 60.0) -> Source:
+    """Finds, fetches if needed, extracts and loads every batch of ``cifar10.SPLITS``.
+
+    No TensorFlow is needed; any problem with the input is a ``UserError`` raised before
+    anything is written apart from a downloaded archive and its extraction.
+    """
+    log = log or print
+    if not download.is_md5(source_md5):
+        raise UserError(f"--source-md5 {source_md5!r} is not an MD5 digest (32 hex digits)")
+    if os.path.lexists(data_dir) and not os.path.isdir(data_dir):
+        raise UserError(f"--data-dir {data_dir} exists and is not a folder")
+    created = not os.path.lexists(data_dir)
+    try:
+        batches_dir, description = _locate_source(data_dir, source_url, source_md5, log,
+                                                  progress, timeout)
+    except BaseException:
+        if created:  # leave no empty folder behind a failed download
+            with contextlib.suppress(OSError):
+                os.rmdir(data_dir)
+        raise
+    splits = {split: [batches.load_batch(os.path.join(batches_dir, name)) for name in names]
+              for split, names in cifar10.SPLITS.items()}
+    return Source(splits, description)
+
+
+def write_tfrecords(source: Source, output_dir: str,
+                    log: Callable[[str], None] | None = None) -> dict[str, int]:
+    """Writes the splits of ``source`` as TFRecords plus the metadata file, all or nothing."""
+    import tensorflow as tf
+
+    log = log or print
+    if os.path.lexists(output_dir) and not os.path.isdir(output_dir):
+        raise UserError(f"--output-dir {output_dir} exists and is not a folder")
+    os.makedirs(output_dir, exist_ok=True)
+    splits = list(source.splits)
+    finals = [cifar10.record_path(output_dir, split) for split in splits]
+    for path in finals:
+        if os.path.isdir(path):
+            raise UserError(f"{path} is a folder; remove it so that the records can be written")
+    counts: dict[str, int] = {}
+    with _all_or_nothing(finals) as temps:
+        for split, final, tmp in zip(splits, finals, temps):
+            log(f"Generating {final} from {', '.join(cifar10.SPLITS[split])}")
+            count = 0
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for batch in source.splits[split]:
+                    for image, label in zip(batch.data, batch.labels.tolist()):
+                        writer.write(cifar10.encode_example(image.tobytes(), label))
+                    count += len(batch.labels)
+            counts[split] = count
+            log(f"  {split}: {count:,} records")
+    cifar10.write_metadata(output_dir, counts, source.description)
+    return counts
+
+
+def generate_tfrecords(data_dir: str, output_dir: str | None = None,
+                       source_url: str = DEFAULT_URL, source_md5: str = DEFAULT_MD5,
+                       log: Callable[[str], None] | None = None,
+                       progress: TextIO | None = None,
+                       timeout: float = 60.0) -> dict[str, int]:
+    """Converts CIFAR-10's python batches under ``data_dir`` to TFRecords; returns the counts.
+
+    Source, in order: ``data_dir/cifar-10-batches-py/``; else ``data_dir/cifar-10-python.tar.gz``
+    (its MD5 must be ``source_md5``), extracted safely; else the archive downloaded from
+    ``source_url`` (MD5-checked, kept in ``data_dir``). Writes ``train``, ``validation`` and
+    ``eval.tfrecords`` (see ``cifar10.SPLITS``) and the metadata file to ``output_dir``
+    (default ``data_dir``). ``log`` receives progress lines (default: ``print``); download
+    progress goes to ``progress`` (default ``sys.stderr``); ``timeout`` bounds network waits.
+    """
+    log = log or print
+    start = time.monotonic()
+    source = load_source(data_dir, source_url, source_md5, log, progress, timeout)
+    output_dir = output_dir or data_dir
+    counts = write_tfrecords(source, output_dir, log)
+    log(_summary(counts, output_dir, source.description, time.monotonic() - start))
+    return counts
+
+
+def _summary(counts: dict[str, int], output_dir: str, description: str, seconds: float) -> str:
+    return (f"Done: {sum(counts.values()):,} records ("
+            + ", ".join(f"{split} {n:,}" for split, n in counts.items())
+            + f") in {os.path.abspath(output_dir)} from {description}, {seconds:.1f} s")
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    # TF 2.15's CPU wheel prints "Unable to register cuDNN/cuFFT/cuBLAS factory" errors from
+    # C++ while it is imported (tensorflow/tensorflow#62075); they are harmless and alarming.
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Convert CIFAR-10's python batches to train/validation/eval.tfrecords. "
+                    "Uses DATA_DIR/cifar-10-batches-py/ if present, else "
+                    f"DATA_DIR/{ARCHIVE_NAME}, else downloads it. With --sample, writes the "
+                    "built-in synthetic sample dataset into DATA_DIR first.")
+    parser.add_argument("--data-dir", required=True,
+                        help="folder of the CIFAR-10 python batches or archive (created for a "
+                             "download); also the default output folder")
+    parser.add_argument("--output-dir", default=None,
+                        help="folder for the .tfrecords files and metadata (default: --data-dir)")
+    parser.add_argument("--source-url", default=None,
+                        help=f"where to download the archive from (default: {DEFAULT_URL})")
+    parser.add_argument("--source-md5", default=None,
+                        help=f"the archive's expected MD5 (default: {DEFAULT_MD5})")
+    parser.add_argument("--sample", action="store_true",
+                        help="write the built-in synthetic sample dataset (10 learnable shape "
+                             "classes, CIFAR-10's exact layout) into DATA_DIR, then convert it")
+    parser.add_argument("--sample-size", type=int, default=None,
+                        help="sample images per batch file, "
+                             f"{sample_data.MIN_IMAGES_PER_BATCH}.."
+                             f"{sample_data.MAX_IMAGES_PER_BATCH} (default "
+                             f"{sample_data.DEFAULT_IMAGES_PER_BATCH}; 6 batch files)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help=f"random seed of the sample data (default {sample_data.DEFAULT_SEED})")
+    return parser
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.sample:
+        for flag, value in (("--sample-size", args.sample_size), ("--seed", args.seed)):
+            if value is not None:
+                raise UserError(f"{flag} applies only with --sample")
+    else:
+        for flag, value in (("--source-url", args.source_url), ("--source-md5", args.source_md5)):
+            if value is not None:
+                raise UserError(f"{flag} cannot be combined with --sample (sample data is "
+                                "made locally, nothing is downloaded)")
+    source_url = args.source_url or DEFAULT_URL
+    source_md5 = args.source_md5 or DEFAULT_MD5
+    if not download.is_md5(source_md5):
+        raise UserError(f"--source-md5 {source_md5!r} is not an MD5 digest (32 hex digits)")
+
+    if args.sample:
+        size = (sample_data.DEFAULT_IMAGES_PER_BATCH if args.sample_size is None
+                else args.sample_size)
+        seed = sample_data.DEFAULT_SEED if args.seed is None else args.seed
+        sample_data.check_size(size)
+        batches_dir = os.path.join(args.data_dir, cifar10.BATCHES_DIRNAME)
+        if os.path.lexists(batches_dir):
+            if not sample_data.matches(batches_dir, size, seed):
+                marker = sample_data.read_marker(batches_dir)
+                found = ("real or other CIFAR-10 batches" if marker is None else
+                         f"sample data made with --sample-size {marker.get('images_per_batch')} "
+                         f"--seed {marker.get('seed')}")
+                raise UserError(f"{batches_dir} already holds {found}, not sample data made "
+                                f"with --sample-size {size} --seed {seed}; use another "
+                                "--data-dir or remove that folder")
+            print(f"Sample data already in {batches_dir} (seed {seed}, {size} images per batch)")
+        else:
+            started = time.monotonic()
+            sample_data.write_sample_data(args.data_dir, size, seed)
+            print(f"Wrote sample data to {batches_dir} (seed {seed}, {size} images per batch, "
+                  f"{6 * size:,} images) in {time.monotonic() - started:.1f} s")
+
+    started = time.monotonic()
+    source = load_source(args.data_dir, source_url, source_md5)
+    # Only now, with the input known good, load TensorFlow: its C++ log level must be set
+    # before its first import (keeping a level the user chose).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" not in sys.modules:
+        with _native_stderr_silenced():
+            import tensorflow  # noqa: F401
+    output_dir = args.output_dir or args.data_dir
+    counts = write_tfrecords(source, output_dir)
+    print(_summary(counts, output_dir, source.description, time.monotonic() - started))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``generate_tfrecords --data-dir DIR [--output-dir D] [--sample ...]``."""
+    return run_cli(lambda: _run(argv), PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Shared pytest fixtures.
+
+Data generator: ``make_cifar_dir`` writes tiny CIFAR-10 python batches (real pickle format),
+``make_cifar_tarball`` packs them as the official archive is packed, ``http_server`` serves
+bytes (or failures) from 127.0.0.1 on an ephemeral port.
+"""
+
+
+import hashlib
+import http.server
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from cifar10_estimator import batches, cifar10
+
+from trainer_fixtures import REPO, tiny_records  # noqa: F401  (trainer fixtures)
+BATCH_NAMES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
+               "test_batch")
+# Member order of the official cifar-10-python.tar.gz.
+ARCHIVE_ORDER = ("data_batch_4", "readme.html", "test_batch", "data_batch_3", "batches.meta",
+                 "data_batch_2", "data_batch_5", "data_batch_1")
+
+
+def batch_dict(data: np.ndarray, labels: list[int], title: str = "training batch 1 of 5") -> dict:
+    """A batch with the real files' keys, in their order."""
+    return {"batch_label": title, "labels": labels, "data": data,
+            "filenames": [f"img_s_{i:06d}.png" for i in range(len(labels))]}
+
+
+def write_cifar_dir(data_dir: str, images_per_batch: int = 24, seed: int = 0,
+                    overrides: dict[str, bytes] | None = None) -> dict[str, tuple]:
+    """Writes ``data_dir/cifar-10-batches-py`` with random images; returns name -> (data, labels).
+
+    ``overrides`` maps a file name to raw bytes written instead of the generated batch.
+    """
+    root = os.path.join(data_dir, cifar10.BATCHES_DIRNAME)
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    contents = {}
+    for index, name in enumerate(BATCH_NAMES):
+        data = rng.integers(0, 256, (images_per_batch, cifar10.IMAGE_BYTES), dtype=np.uint8)
+        labels = [int(v) for v in rng.integers(0, 10, images_per_batch)]
+        contents[name] = (data, labels)
+        title = ("testing batch 1 of 1" if name == "test_batch"
+                 else f"training batch {index + 1} of 5")
+        body = batches.dumps_py2(batch_dict(data, labels, title))
+        with open(os.path.join(root, name), "wb") as f:
+            f.write((overrides or {}).get(name, body))
+    meta = {"num_cases_per_batch": images_per_batch, "label_names": list(cifar10.CLASS_NAMES),
+            "num_vis": cifar10.IMAGE_BYTES}
+    with open(os.path.join(root, "batches.meta"), "wb") as f:
+        f.write(batches.dumps_py2(meta))
+    with open(os.path.join(root, "readme.html"), "w") as f:
+        f.write("<html>test copy</html>\n")
+    return contents
+
+
+def tarball_from_dir(batches_dir: str,
+                     extra: Callable[[tarfile.TarFile], None] | None = None) -> bytes:
+    """Packs ``batches_dir`` as ``cifar-10-python.tar.gz`` is packed; ``extra`` adds members."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        folder = tarfile.TarInfo(cifar10.BATCHES_DIRNAME + "/")
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(folder)
+        for name in ARCHIVE_ORDER:
+            path = os.path.join(batches_dir, name)
+            if os.path.exists(path):
+                tar.add(path, arcname=f"{cifar10.BATCHES_DIRNAME}/{name}")
+        if extra is not None:
+            extra(tar)
+    return buffer.getvalue()
+
+
+def md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+@pytest.fixture
+def make_cifar_dir():
+    """Factory: ``make_cifar_dir(data_dir, images_per_batch=24, seed=0, overrides=None)``."""
+    return write_cifar_dir
+
+
+@pytest.fixture
+def make_cifar_tarball(tmp_path_factory):
+    """Factory: a CIFAR-format tar.gz (bytes) of fresh tiny batches; ``extra`` adds members."""
+
+    def make(images_per_batch: int = 24, seed: int = 0,
+             extra: Callable[[tarfile.TarFile], None] | None = None,
+             skip: tuple[str, ...] = ()) -> tuple[bytes, dict]:
+        staging = tmp_path_factory.mktemp("staging")  # outside the test's own tmp_path
+        contents = write_cifar_dir(str(staging), images_per_batch, seed)
+        for name in skip:
+            os.remove(staging / cifar10.BATCHES_DIRNAME / name)
+        return tarball_from_dir(str(staging / cifar10.BATCHES_DIRNAME), extra), contents
+
+    return make
+
+
+class _Server:
+    """Routes: path -> bytes, or ("status", code), or ("drop", body, n_bytes_sent)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, object] = {}
+        routes = self.routes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                route = routes.get(self.path)
+                if route is None or (isinstance(route, tuple) and route[0] == "status"):
+                    self.send_error(404 if route is None else route[1])
+                    return
+                body, sent = (route, len(route)) if isinstance(route, bytes) else route[1:]
+                self.send_response(200)
+                self.send_header("Content-Type", "application/gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:sent])
+                self.wfile.flush()
+                if sent < len(body):
+                    self.close_connection = True
+
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
+                                       daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def http_server():
+    """A real HTTP server on 127.0.0.1 (ephemeral port) in a thread; set ``.routes``."""
+    server = _Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def closed_port_url():
+    """A URL on 127.0.0.1 where nothing listens: what 'offline' looks like."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/cifar-10-python.tar.gz"
+
+
+def run_generator_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``python tools/generate_tfrecords.py ARGS`` from the repository root."""
+    return subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def listing(path) -> list[str]:
+    """Every file and folder below ``path`` (relative), sorted; [] if it does not exist."""
+    out = []
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            out.append(os.path.relpath(os.path.join(root, name), path))
+    return sorted(out)
