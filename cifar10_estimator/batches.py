@@ -19,11 +19,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cifar10_estimator import cifar10
 from cifar10_estimator.errors import UserError
 
-# Shape facts of a CIFAR-10 batch (https://www.cs.toronto.edu/~kriz/cifar.html).
-IMAGE_BYTES = 32 * 32 * 3
-NUM_CLASSES = 10
+IMAGE_BYTES = cifar10.IMAGE_BYTES
+NUM_CLASSES = cifar10.NUM_CLASSES
 # A real batch file is 31 MB (10,000 images); refuse anything absurd before reading it into
 # memory. Reading the whole file first also means a forged length field inside the pickle can
 # only ever hit "truncated", never make the reader allocate gigabytes.
@@ -366,3 +366,20 @@ def dumps_py2(obj: Any) -> bytes:
     pickler.save(obj)
     pickler.out.append(_STOP)
     return b"".join(pickler.out)
+
+
+def load_label_names(path: str) -> tuple[str, ...] | None:
+    """The ten class names of a ``batches.meta`` file, or None if it has no usable list.
+
+    The names only label predictions, so a missing or odd meta file is not an error; it is
+    unpickled with the same restricted unpickler as the batches all the same.
+    """
+    if not os.path.isfile(path):
+        return None
+    meta = load_pickle(path)
+    names = meta.get(b"label_names") if isinstance(meta, dict) else None
+    if (not isinstance(names, list) or len(names) != cifar10.NUM_CLASSES
+            or not all(isinstance(n, (bytes, str)) for n in names)):
+        return None
+    return tuple(n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names)
+

@@ -17,7 +17,7 @@ at by) a TensorFlow import, and command lines can set TensorFlow's log level fir
 import functools
 import json
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from cifar10_estimator import fsutil
 from cifar10_estimator.errors import UserError
@@ -136,11 +136,31 @@ def decode_images(raw: "tf.Tensor") -> "tf.Tensor":
     return tf.transpose(chw, perm)
 
 
-def write_metadata(data_dir: str, counts: Mapping[str, int], source: str) -> None:
-    """Records the true split sizes and where they came from beside the records (atomically)."""
-    body = {"format": 1, "counts": dict(counts), "source": source}
+def write_metadata(data_dir: str, counts: Mapping[str, int], source: str,
+                   label_names: Sequence[str] | None = None) -> None:
+    """Records the true split sizes, their origin and class names beside the records (atomically)."""
+    body = {"format": 1, "counts": dict(counts), "source": source,
+            "label_names": list(label_names or CLASS_NAMES)}
     fsutil.write_bytes_atomic(os.path.join(data_dir, METADATA_FILENAME),
                               (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _read_metadata(data_dir: str) -> dict:
+    try:
+        with open(os.path.join(data_dir, METADATA_FILENAME)) as f:
+            body = json.load(f)
+        return body if isinstance(body, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def label_names(data_dir: str) -> tuple[str, ...]:
+    """The class names of the records in ``data_dir`` (CIFAR-10's unless the metadata differs)."""
+    names = _read_metadata(data_dir).get("label_names")
+    if isinstance(names, list) and len(names) == NUM_CLASSES and all(
+            isinstance(n, str) for n in names):
+        return tuple(names)
+    return CLASS_NAMES
 
 
 def count_records(path: str) -> int:
@@ -162,15 +182,10 @@ def split_size(data_dir: str, split: str) -> int:
     path = record_path(data_dir, split)
     if not os.path.exists(path):
         raise UserError(f"{path} not found; generate the records with {GENERATOR_COMMAND}")
+    counts = _read_metadata(data_dir).get("counts")
     meta_path = os.path.join(data_dir, METADATA_FILENAME)
-    if os.path.exists(meta_path):
-        try:
-            with open(meta_path) as f:
-                counts = json.load(f)["counts"]
-            # Trust the metadata only if it is at least as new as the records it describes.
-            if (split in counts and
-                    os.path.getmtime(meta_path) >= os.path.getmtime(path)):
-                return int(counts[split])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    # Trust the metadata only if it is at least as new as the records it describes.
+    if (isinstance(counts, dict) and isinstance(counts.get(split), int)
+            and os.path.getmtime(meta_path) >= os.path.getmtime(path)):
+        return counts[split]
     return count_records(path)

@@ -22,18 +22,19 @@ def _step(title: str) -> None:
 
 
 def write_example_images(data_dir: str, out_dir: str, count: int) -> list[str]:
-    """Writes the first ``count`` eval records as PNG files; returns (paths)."""
+    """Writes the first ``count`` eval records as PNG files named by label; returns the paths."""
     import tensorflow as tf
 
     from cifar10_estimator import cifar10, dataset, fsutil
 
     os.makedirs(out_dir, exist_ok=True)
+    names = cifar10.label_names(data_dir)
     records = tf.data.TFRecordDataset(cifar10.record_path(data_dir, "eval")).take(count)
     paths = []
-    for i, serialized in enumerate(records.batch(count)):
+    for serialized in records.batch(count):
         images, labels = dataset.parse_batch(serialized)
         for j, (image, label) in enumerate(zip(images, labels.numpy())):
-            path = os.path.join(out_dir, f"eval{j:02d}_{cifar10.CLASS_NAMES[label]}.png")
+            path = os.path.join(out_dir, f"eval{j:02d}_{names[label]}.png")
             fsutil.write_bytes_atomic(path, tf.io.encode_png(image).numpy())
             paths.append(path)
     return paths

@@ -18,6 +18,7 @@ import dataclasses
 import os
 import shutil
 import time
+from typing import Sequence
 
 import tensorflow as tf
 
@@ -27,10 +28,15 @@ from cifar10_estimator.model_fn import ModelSettings, make_model_fn
 
 IMAGES_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 EXAMPLES_SIGNATURE = "serving_examples"
+CLASS_NAMES_FILE = os.path.join("assets.extra", "class_names.txt")
 
 
-def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir: str) -> str:
+def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir: str,
+                       class_names: Sequence[str] = cifar10.CLASS_NAMES) -> str:
     """Writes the SavedModel of ``checkpoint_path`` into a new numbered folder of ``export_dir``.
+
+    ``class_names`` (label order) go to ``assets.extra/class_names.txt``, one per line, where
+    SavedModel keeps files for tools rather than for loading the graph; ``predict`` reads them.
 
     Returns:
       The path of the new SavedModel folder.
@@ -70,6 +76,9 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
                     sess, [tf.saved_model.SERVING], signature_def_map=signatures,
                     clear_devices=True, strip_default_attrs=True, saver=saver)
                 builder.save()
+        os.makedirs(os.path.join(tmp, "assets.extra"))
+        with open(os.path.join(tmp, CLASS_NAMES_FILE), "w") as f:
+            f.write("".join(f"{name}\n" for name in class_names))
         os.rename(tmp, final)
     except (OSError, tf.errors.PermissionDeniedError, tf.errors.ResourceExhaustedError,
             tf.errors.UnavailableError) as e:

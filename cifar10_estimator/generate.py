@@ -82,6 +82,7 @@ class Source(NamedTuple):
 
     splits: dict[str, list[batches.Batch]]
     description: str
+    label_names: tuple[str, ...] | None = None  # from batches.meta, when it has them
 
 
 def load_source(data_dir: str, source_url: str = DEFAULT_URL, source_md5: str = DEFAULT_MD5,
@@ -108,7 +109,8 @@ def load_source(data_dir: str, source_url: str = DEFAULT_URL, source_md5: str = 
         raise
     splits = {split: [batches.load_batch(os.path.join(batches_dir, name)) for name in names]
               for split, names in cifar10.SPLITS.items()}
-    return Source(splits, description)
+    label_names = batches.load_label_names(os.path.join(batches_dir, "batches.meta"))
+    return Source(splits, description, label_names)
 
 
 def write_tfrecords(source: Source, output_dir: str,
@@ -137,7 +139,7 @@ def write_tfrecords(source: Source, output_dir: str,
                     count += len(batch.labels)
             counts[split] = count
             log(f"  {split}: {count:,} records")
-    cifar10.write_metadata(output_dir, counts, source.description)
+    cifar10.write_metadata(output_dir, counts, source.description, source.label_names)
     return counts
 
 

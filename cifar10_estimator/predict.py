@@ -2,8 +2,9 @@
 
 Reads PNG, JPEG, GIF or BMP files of any size, converts them to 32x32 RGB (grayscale is
 replicated to three channels, an alpha channel is dropped) with area-averaging resize, runs
-the SavedModel's ``serving_default`` signature and prints the top classes with their CIFAR-10
-names and probabilities, one line per image.
+the SavedModel's ``serving_default`` signature and prints the top classes with their names
+(the export's ``assets.extra/class_names.txt``, CIFAR-10's by default) and probabilities, one
+line per image.
 """
 
 import argparse
@@ -72,21 +73,33 @@ def load_model(saved_model_dir: str):
     return model, signature
 
 
+def class_names(saved_model_dir: str) -> tuple[str, ...]:
+    """The export's class names (``assets.extra/class_names.txt``), else CIFAR-10's."""
+    from cifar10_estimator import cifar10
+    from cifar10_estimator.export import CLASS_NAMES_FILE
+
+    try:
+        with open(os.path.join(saved_model_dir, CLASS_NAMES_FILE)) as f:
+            names = tuple(line.strip() for line in f if line.strip())
+    except (OSError, UnicodeDecodeError):
+        return cifar10.CLASS_NAMES
+    return names if len(names) == cifar10.NUM_CLASSES else cifar10.CLASS_NAMES
+
+
 def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3
              ) -> list[list[tuple[str, float]]]:
     """Top ``top`` (class name, probability) pairs for each image, best first."""
     import numpy as np
     import tensorflow as tf
 
-    from cifar10_estimator import cifar10
-
     images = tf.stack([load_image(p) for p in image_paths])
     _, signature = load_model(saved_model_dir)
+    names = class_names(saved_model_dir)
     probabilities = signature(images=images)["probabilities"].numpy()
     results = []
     for row in probabilities:
         best = np.argsort(-row)[:top]
-        results.append([(cifar10.CLASS_NAMES[i], float(row[i])) for i in best])
+        results.append([(names[i], float(row[i])) for i in best])
     return results
 
 

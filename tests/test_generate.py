@@ -302,3 +302,12 @@ def test_cli_sample_reuses_same_settings_refuses_others(tmp_path, capsys):
     assert generate.main(args + ["--seed", "5"]) == 2
     err = capsys.readouterr().err
     assert "holds sample data made with --sample-size 10 --seed 0" in err
+
+
+def test_sample_class_names_travel_from_batches_meta_to_the_metadata(tmp_path):
+    from cifar10_estimator import generate, sample_data
+
+    data_dir = str(tmp_path / "data")
+    assert generate.main(["--data-dir", data_dir, "--sample", "--sample-size", "10"]) == 0
+    assert cifar10.label_names(data_dir) == tuple(sample_data.SAMPLE_CLASS_NAMES)
+    assert cifar10.label_names(str(tmp_path)) == cifar10.CLASS_NAMES  # no metadata: CIFAR's

@@ -44,6 +44,8 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     assert result.eval_metrics["global_step"] == 12
     assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
     assert os.path.isfile(os.path.join(result.export_path, "saved_model.pb"))
+    with open(os.path.join(result.export_path, "assets.extra", "class_names.txt")) as f:
+        assert tuple(f.read().split()) == cifar10.CLASS_NAMES  # records without metadata
     assert os.listdir(os.path.dirname(result.export_path)) == [
         os.path.basename(result.export_path)]  # no temporary folders left behind
 
