@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Callable, Iterator, NamedTuple, Sequence, TextIO
 
-from cifar10_estimator import batches, cifar10, download, fsutil, sample_data
+from cifar10_estimator import batches, cifar10, download, fsutil, logs, sample_data
 from cifar10_estimator.download import ARCHIVE_NAME, DEFAULT_MD5, DEFAULT_URL
 from cifar10_estimator.errors import UserError, run_cli
 
@@ -172,22 +172,6 @@ def _summary(counts: dict[str, int], output_dir: str, description: str, seconds:
             + f") in {os.path.abspath(output_dir)} from {description}, {seconds:.1f} s")
 
 
-@contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    # TF 2.15's CPU wheel prints "Unable to register cuDNN/cuFFT/cuBLAS factory" errors from
-    # C++ while it is imported (tensorflow/tensorflow#62075); they are harmless and alarming.
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -259,10 +243,7 @@ def _run(argv: Sequence[str] | None) -> int:
     source = load_source(args.data_dir, source_url, source_md5)
     # Only now, with the input known good, load TensorFlow: its C++ log level must be set
     # before its first import (keeping a level the user chose).
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "tensorflow" not in sys.modules:
-        with _native_stderr_silenced():
-            import tensorflow  # noqa: F401
+    logs.import_tensorflow_quietly()
     output_dir = args.output_dir or args.data_dir
     counts = write_tfrecords(source, output_dir)
     print(_summary(counts, output_dir, source.description, time.monotonic() - started))

@@ -1,13 +1,11 @@
 """The trainer's command line: flags -> ``TrainConfig`` -> ``train.train_and_evaluate``.
 
 The only module that builds trainer flags: one per ``TrainConfig`` field, generated from the
-field's name, type and help. It also owns process-level set-up that a library must not do:
-TensorFlow's log levels (Estimator on TF 2.15 prints pages of deprecation notices that bury the
-training log), and turning user mistakes into one-line errors with exit status 2.
+field's name, type and help. It runs the process-level set-up a library must not do (``logs``)
+and turns user mistakes into one-line errors with exit status 2.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
@@ -16,6 +14,7 @@ import sys
 import typing
 from typing import Optional, Sequence
 
+from cifar10_estimator import logs
 from cifar10_estimator.config import TrainConfig, flag, validate
 from cifar10_estimator.errors import UserError, run_cli
 
@@ -23,19 +22,6 @@ log = logging.getLogger("cifar10_estimator")
 
 _TRUE = {"1", "true", "yes", "on", "t", "y"}
 _FALSE = {"0", "false", "no", "off", "f", "n"}
-
-# TensorFlow log lines that say nothing a user can act on (shown with --verbose).
-_NOISE = (
-    "is deprecated and will be removed", "deprecated", "Instructions for updating",
-    "Calling model_fn", "Done calling model_fn", "Create CheckpointSaverHook",
-    "Graph was finalized", "Running local_init_op", "Done running local_init_op",
-    "Using config:", "Not using Distribute Coordinator", "Running training and evaluation",
-    "Start train and evaluate loop", "Calling checkpoint listeners", "Starting evaluation at",
-    "Inference Time :", "Evaluation [", "Saving 'checkpoint_path'",
-    "Using default config", "Skipping training since max_steps", "No assets to ",
-    "SavedModel written to", "Assets written to",
-)
-
 
 def parse_bool(text: str) -> bool:
     value = text.strip().lower()
@@ -91,52 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextlib.contextmanager
-def _native_stderr_silenced():
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-class _QuietFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(n in message for n in _NOISE)
-
-
-def setup_logging(verbose: bool) -> None:
-    """Readable logs: our lines and TensorFlow's progress lines, without its noise."""
-    # Must precede the first TensorFlow import: C++ INFO/WARNING lines (oneDNN, CPU features).
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        # TF 2.15's CPU wheel prints three harmless "Unable to register cuDNN/cuFFT/cuBLAS
-        # factory" errors while importing (tensorflow/tensorflow#62075); hide the import's
-        # native stderr only.
-        with _native_stderr_silenced():
-            import tensorflow as tf
-    import tensorflow as tf
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    if not verbose:
-        handler.addFilter(_QuietFilter())
-    for name in ("tensorflow", "cifar10_estimator"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
-    # absl's own handler would print every line a second time.
-    tf.get_logger().handlers[:] = [handler]
-
-
 def _task_type() -> Optional[str]:
     try:
         return json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {}).get("type")
@@ -154,7 +94,7 @@ def run(argv: Optional[Sequence[str]] = None):
     verbose = args.__dict__.pop("verbose")
     config = TrainConfig(**vars(args))
     task_type = _task_type()
-    setup_logging(verbose)
+    logs.setup_logging(verbose)
     import tensorflow as tf
 
     validate(config, num_visible_gpus=len(tf.config.list_physical_devices("GPU")),

@@ -13,6 +13,7 @@ import struct
 import sys
 from typing import Optional, Sequence
 
+from cifar10_estimator import logs
 from cifar10_estimator.errors import UserError, run_cli
 
 # Refuse images whose header promises more pixels than this before decoding them: a
@@ -114,7 +115,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.top <= 10:
         raise UserError(f"--top must be between 1 and 10, got {args.top}")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logs.import_tensorflow_quietly(cpp_level="3")
     for path, ranked in zip(args.images, classify(args.saved_model, args.images, args.top)):
         shown = ", ".join(f"{name} {p:.1%}" for name, p in ranked)
         print(f"{path}: {shown}")

@@ -1,0 +1,64 @@
+"""Images/s of the training input pipeline alone (read, shuffle, parse, augment, batch).
+
+Iterates ``Cifar10DataSet('train', use_distortion=True).make_batch(128)`` over the sample data
+with nothing else running and prints the median of several timed passes next to a training
+step's consumption (``--consumption``, images/s, from ``train_throughput.py``), so the margin
+is visible. The pipeline should outrun training by a wide factor: on two cores every cycle it
+spends is taken from the training step.
+
+    python benchmarks/input_pipeline_bench.py --batches 400 --runs 5 --consumption 900
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=400)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--consumption", type=float, default=None,
+                        help="images/s a training step consumes, for the ratio")
+    args = parser.parse_args()
+
+    work = tempfile.mkdtemp(prefix="c10pipe.")
+    data_dir = os.path.join(work, "data")
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
+                    "--data-dir", data_dir, "--sample"], check=True, capture_output=True)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from cifar10_estimator.dataset import Cifar10DataSet
+
+    rates = []
+    for run in range(args.runs):
+        ds = Cifar10DataSet(data_dir, "train", use_distortion=True).make_batch(args.batch_size)
+        iterator = iter(ds)
+        for _ in range(20):  # fill the shuffle buffer and warm the parallel map
+            next(iterator)
+        start = time.perf_counter()
+        for _ in range(args.batches):
+            features, _ = next(iterator)
+        features["image"].numpy()
+        rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
+        print(f"run {run + 1}: {rates[-1]:.0f} images/s", file=sys.stderr, flush=True)
+    median = statistics.median(rates)
+    print(f"\ninput pipeline (train, distortion on, batch {args.batch_size}): "
+          f"median {median:,.0f} images/s over {args.runs} runs "
+          f"(min {min(rates):,.0f}, max {max(rates):,.0f}); TF {tf.__version__}, "
+          f"{os.cpu_count()} cores")
+    if args.consumption:
+        print(f"a training step consumes {args.consumption:,.0f} images/s: the pipeline is "
+              f"{median / args.consumption:.1f}x faster")
+
+
+if __name__ == "__main__":
+    main()

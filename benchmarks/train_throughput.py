@@ -1,0 +1,108 @@
+"""Training throughput of the CLI trainer against the reference peers, side by side.
+
+Runs ``python -m cifar10_estimator`` exactly as a user would (TFRecords from the sample data,
+augmentation, hooks and summaries on) and reads its steady-state images/s from the
+examples/sec lines it logs: the median of the "current" figures after the first intervals, so
+start-up, the first checkpoint and the final evaluation are excluded. The peers in
+``../shared/bench`` (Keras ``model.fit``; PyTorch when a Python with torch is given) run in the
+same loop, alternating with ours (A B C A B C ...), so a noisy machine moves all of them alike.
+
+    python benchmarks/train_throughput.py --depths 20,44 --runs 3
+    python benchmarks/train_throughput.py --torch-python /tmp/torch-venv/bin/python
+
+For the PyTorch peer: ``python3.11 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install
+torch==2.13.0 numpy`` (that exact pin takes the CPU wheel; see ../shared/bench/README.md).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(os.path.dirname(REPO), "shared", "bench")
+CURRENT = re.compile(r"examples/sec: [\d.]+ average, ([\d.]+) current")
+
+
+def make_data(work: str) -> str:
+    data_dir = os.path.join(work, "data")
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
+                    "--data-dir", data_dir, "--sample"], check=True, capture_output=True)
+    return data_dir
+
+
+def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> float:
+    job_dir = tempfile.mkdtemp(dir=work)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
+         "--num-layers", str(depth), "--train-steps", str(steps), "--train-batch-size", "128",
+         "--eval-batch-size", "500", "--save-checkpoints-secs", "100000",
+         "--eval-throttle-secs", "100000", *extra],
+        capture_output=True, text=True, cwd=REPO)
+    if proc.returncode:
+        raise SystemExit(f"trainer failed:\n{proc.stderr[-2000:]}")
+    current = [float(v) for v in CURRENT.findall(proc.stderr)]
+    # Skip the first 3 intervals (30 steps): graph optimisation, the first checkpoint and the
+    # input pipeline's warm-up.
+    return statistics.median(current[3:])
+
+
+def peer(cmd: list[str]) -> float:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH)
+    if proc.returncode:
+        raise SystemExit(f"{cmd[1]} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["images_per_sec"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", default="20,44")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run of ours")
+    parser.add_argument("--seconds", type=float, default=25, help="timed seconds per peer run")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--no-keras", action="store_true")
+    parser.add_argument("--torch-python", help="a Python with torch 2.13 for the PyTorch peer")
+    parser.add_argument("--extra", default="", help="more trainer flags, e.g. '--xla'")
+    args = parser.parse_args()
+
+    work = tempfile.mkdtemp(prefix="c10bench.")
+    data_dir = make_data(work)
+    rows = []
+    for depth in map(int, args.depths.split(",")):
+        contenders = {f"cifar10_estimator {p}": (lambda p=p: ours(
+            data_dir, work, depth, args.steps, ["--precision", p, *args.extra.split()]))
+            for p in args.precisions.split(",")}
+        if not args.no_keras and os.path.exists(os.path.join(BENCH, "keras_resnet.py")):
+            contenders["keras model.fit fp32"] = lambda: peer(
+                [sys.executable, "keras_resnet.py", "--depth", str(depth), "--seconds",
+                 str(args.seconds)])
+        if args.torch_python and os.path.exists(os.path.join(BENCH, "torch_resnet.py")):
+            contenders["pytorch channels_last fp32"] = lambda: peer(
+                [args.torch_python, "torch_resnet.py", "--depth", str(depth),
+                 "--channels-last", "--seconds", str(args.seconds)])
+        results = {name: [] for name in contenders}
+        for run in range(args.runs):
+            for name, fn in contenders.items():
+                results[name].append(fn())
+                print(f"ResNet-{depth} run {run + 1}: {name} {results[name][-1]:.0f} images/s",
+                      file=sys.stderr, flush=True)
+        best_peer = max((statistics.median(v) for k, v in results.items()
+                         if not k.startswith("cifar10_estimator")), default=None)
+        for name, values in results.items():
+            median = statistics.median(values)
+            ratio = f"{median / best_peer:.2f}x" if best_peer else "-"
+            rows.append((f"ResNet-{depth}", name, median, min(values), max(values), ratio))
+
+    print(f"\n{'model':<10} {'trainer':<28} {'median':>8} {'min':>7} {'max':>7} {'vs best peer':>12}")
+    for model, name, median, lo, hi, ratio in rows:
+        print(f"{model:<10} {name:<28} {median:>8.0f} {lo:>7.0f} {hi:>7.0f} {ratio:>12}")
+    print(f"(images/s, batch 128, {args.runs} alternating runs, machine: {os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()
