@@ -31,6 +31,13 @@ EXAMPLES_SIGNATURE = "serving_examples"
 CLASS_NAMES_FILE = os.path.join("assets.extra", "class_names.txt")
 
 
+def _remove_unfinished(export_dir: str) -> None:
+    """Deletes temporary export folders that a killed run left behind."""
+    for name in os.listdir(export_dir):
+        if name.startswith(".") and name.endswith(".tmp"):
+            shutil.rmtree(os.path.join(export_dir, name), ignore_errors=True)
+
+
 def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir: str,
                        class_names: Sequence[str] = cifar10.CLASS_NAMES) -> str:
     """Writes the SavedModel of ``checkpoint_path`` into a new numbered folder of ``export_dir``.
@@ -51,42 +58,41 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
         version += 1
     final = os.path.join(export_dir, str(version))
     tmp = os.path.join(export_dir, f".{version}.tmp")
-    try:
-        os.makedirs(export_dir, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        with tf.Graph().as_default():
-            examples = tf.compat.v1.placeholder(tf.string, [None], name="examples")
-            parsed = tf.io.parse_example(examples, cifar10.FEATURE_SPEC)
-            images = tf.compat.v1.placeholder_with_default(
-                tf.cast(cifar10.decode_images(parsed["image"]), tf.float32),
-                [None, cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS], name="images")
-            spec = make_model_fn(serving)({"image": images}, None, tf.estimator.ModeKeys.PREDICT)
-            outputs = spec.predictions
-            signatures = {
-                IMAGES_SIGNATURE: tf.compat.v1.saved_model.predict_signature_def(
-                    {"images": images}, outputs),
-                EXAMPLES_SIGNATURE: tf.compat.v1.saved_model.predict_signature_def(
-                    {"examples": examples}, outputs),
-            }
-            saver = tf.compat.v1.train.Saver()
-            with tf.compat.v1.Session() as sess:
-                saver.restore(sess, checkpoint_path)
+    with tf.Graph().as_default():
+        examples = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+        parsed = tf.io.parse_example(examples, cifar10.FEATURE_SPEC)
+        images = tf.compat.v1.placeholder_with_default(
+            tf.cast(cifar10.decode_images(parsed["image"]), tf.float32),
+            [None, cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS], name="images")
+        spec = make_model_fn(serving)({"image": images}, None, tf.estimator.ModeKeys.PREDICT)
+        signatures = {
+            IMAGES_SIGNATURE: tf.compat.v1.saved_model.predict_signature_def(
+                {"images": images}, spec.predictions),
+            EXAMPLES_SIGNATURE: tf.compat.v1.saved_model.predict_signature_def(
+                {"examples": examples}, spec.predictions),
+        }
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, checkpoint_path)
+            try:
+                os.makedirs(export_dir, exist_ok=True)
+                _remove_unfinished(export_dir)
                 builder = tf.compat.v1.saved_model.Builder(tmp)
                 builder.add_meta_graph_and_variables(
                     sess, [tf.saved_model.SERVING], signature_def_map=signatures,
                     clear_devices=True, strip_default_attrs=True, saver=saver)
                 builder.save()
-        os.makedirs(os.path.join(tmp, "assets.extra"))
-        with open(os.path.join(tmp, CLASS_NAMES_FILE), "w") as f:
-            f.write("".join(f"{name}\n" for name in class_names))
-        os.rename(tmp, final)
-    except (OSError, tf.errors.PermissionDeniedError, tf.errors.ResourceExhaustedError,
-            tf.errors.UnavailableError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        reason = e.strerror if isinstance(e, OSError) else e.message.splitlines()[0]
-        raise UserError(f"cannot write the SavedModel under {export_dir}: {reason}; free "
-                        f"space or choose another --export-dir") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+                os.makedirs(os.path.join(tmp, "assets.extra"))
+                with open(os.path.join(tmp, CLASS_NAMES_FILE), "w") as f:
+                    f.write("".join(f"{name}\n" for name in class_names))
+                # The rename is the commit: a numbered folder is always a complete export.
+                os.rename(tmp, final)
+            except (OSError, tf.errors.OpError) as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                reason = e.strerror if isinstance(e, OSError) else e.message.splitlines()[0]
+                raise UserError(f"cannot write the SavedModel under {export_dir}: {reason}; "
+                                f"free space or choose another --export-dir") from None
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
     return final

@@ -1,0 +1,213 @@
+"""Faults and bad input, with real processes and signals: nothing lost, nothing executed,
+every error one clear line."""
+
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from cifar10_estimator import cifar10, main
+from conftest import md5, run_generator_cli
+from trainer_fixtures import REPO, TINY_FLAGS, run_module
+
+STEP = re.compile(r"\(step (\d+)\)")
+
+
+def _step_of(checkpoint: str) -> int:
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Asserts a user-error exit: status 2, no traceback, last line names every fragment."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    for fragment in fragments:
+        assert fragment in last, last
+    return last
+
+
+def _copy_records(tiny_records, tmp_path) -> str:
+    data_dir = str(tmp_path / "data")
+    shutil.copytree(tiny_records[0], data_dir)
+    return data_dir
+
+
+def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    interval = 2
+    flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+             "--save-checkpoints-steps", str(interval), "--eval-throttle-secs", "100000",
+             "--train-steps", "100000"]
+    rng = random.Random(7)  # repeatable kill times; with a checkpoint every 2 steps, several
+    # of them land while a checkpoint is being written
+    resumed = []
+    for _ in range(3):
+        log_path = tmp_path / "run.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *flags],
+                                    cwd=REPO, stdout=log, stderr=log)
+            deadline = time.time() + 120
+            while time.time() < deadline and not STEP.search(log_path.read_text()):
+                time.sleep(0.1)  # training is under way
+            time.sleep(rng.uniform(0.0, 1.5))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        logged = [int(s) for s in STEP.findall(log_path.read_text())]
+        latest = tf.train.latest_checkpoint(job_dir)
+        assert latest, "a killed run left no usable checkpoint"
+        tf.train.list_variables(latest)  # the latest checkpoint reads completely
+        # At most one checkpoint interval of logged progress is lost.
+        assert _step_of(latest) >= max(logged) - interval
+        resumed.append(_step_of(latest))
+    assert resumed == sorted(resumed) and resumed[-1] > resumed[0]
+
+    final = resumed[-1] + 3
+    flags[flags.index("--train-steps") + 1] = str(final)
+    proc = run_module("cifar10_estimator", *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {job_dir}/model.ckpt-{resumed[-1]}" in proc.stderr
+    assert _step_of(tf.train.latest_checkpoint(job_dir)) == final
+    export_dir = os.path.join(job_dir, "export")
+    assert all(name.isdigit() for name in os.listdir(export_dir))  # no half-written export
+
+
+def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
+    data_dir = _copy_records(tiny_records, tmp_path)
+    path = cifar10.record_path(data_dir, "train")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: a CRC mismatch mid-file
+    open(path, "wb").write(bytes(data))
+    # With metadata the count is not re-read, so the damage is met inside training.
+    cifar10.write_metadata(data_dir, {"train": 96, "validation": 16, "eval": 37}, "test")
+    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
+                      str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "5")
+    _one_line_error(proc, f"{path} is truncated or corrupt", "generate_tfrecords.py")
+
+
+def test_truncated_eval_records_name_the_file(tiny_records, tmp_path):
+    data_dir = _copy_records(tiny_records, tmp_path)
+    path = cifar10.record_path(data_dir, "eval")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
+                      str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "3")
+    _one_line_error(proc, f"{path} is truncated or corrupt")
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
+                      *TINY_FLAGS, "--learning-rate", "1e30", "--train-steps", "200",
+                      "--save-checkpoints-steps", "1")
+    _one_line_error(proc, "the loss became NaN or infinite", "--learning-rate")
+    latest = tf.train.latest_checkpoint(job_dir)
+    assert latest and latest in proc.stderr.strip().splitlines()[-1]
+    reader = tf.train.load_checkpoint(latest)
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+            assert np.isfinite(value).all(), name
+    assert not os.path.exists(os.path.join(job_dir, "export"))
+
+
+def test_job_dir_of_another_model_is_refused_by_name(tiny_records, tmp_path, capsys):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    base = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+            "--eval-throttle-secs", "100000"]
+    assert main.main([*base, "--train-steps", "2"]) == 0
+    before = sorted(os.listdir(job_dir))
+    capsys.readouterr()
+    for flags, found in ([["--num-layers", "14"], "ResNet-8 v1, but the flags ask for ResNet-14 v1"],
+                         [["--resnet-version", "2"], "ResNet-8 v1, but the flags ask for ResNet-8 v2"]):
+        assert main.main([*base, "--train-steps", "4", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert found in err and "--num-layers 8 --resnet-version 1" in err
+    assert sorted(os.listdir(job_dir)) == before
+    # Layout and precision do not change the variables: resuming with them is allowed.
+    assert main.main([*base, "--train-steps", "4", "--data-format", "channels_first",
+                      "--precision", "bf16"]) == 0
+
+
+def test_unusable_job_dir_is_a_clear_error(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
+                      str(blocker / "job"), *TINY_FLAGS, "--train-steps", "2")
+    _one_line_error(proc, f"--job-dir {blocker / 'job'} is not a writable folder")
+
+
+def _limit_file_size():
+    # "Disk full" for this process only: writes past 200 kB fail with EFBIG instead of
+    # killing the process with SIGXFSZ.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+
+def test_disk_full_during_export_leaves_no_export_that_looks_complete(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, "--train-steps", "2",
+             "--export-dir", str(tmp_path / "export")]
+    assert main.main(flags) == 0
+    shutil.rmtree(tmp_path / "export")
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", *flags], cwd=REPO,
+                          capture_output=True, text=True, preexec_fn=_limit_file_size)
+    _one_line_error(proc, f"cannot write the SavedModel under {tmp_path / 'export'}")
+    assert os.listdir(tmp_path / "export") == []
+
+
+def _png_header(width: int, height: int) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr
+    return b"\x89PNG\r\n\x1a\n" + chunk + struct.pack(">I", zlib.crc32(chunk[4:]))
+
+
+def test_predict_handles_odd_images_and_refuses_bad_input(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    assert main.main(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+                      "--train-steps", "1"]) == 0
+    export = os.path.join(job_dir, "export", os.listdir(os.path.join(job_dir, "export"))[0])
+    gray = tmp_path / "gray.png"
+    gray.write_bytes(tf.io.encode_png(np.full((9, 40, 1), 200, np.uint8)).numpy())
+    rgba = tmp_path / "rgba.png"
+    rgba.write_bytes(tf.io.encode_png(np.full((300, 17, 4), 90, np.uint8)).numpy())
+    ok = run_module("cifar10_estimator.predict", "--saved-model", export, str(gray), str(rgba))
+    assert ok.returncode == 0, ok.stderr
+    assert [line.split(":")[0] for line in ok.stdout.splitlines()] == [str(gray), str(rgba)]
+
+    text = tmp_path / "notes.png"
+    text.write_text("this is not an image")
+    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export, str(text)),
+                    f"{text} is not a PNG, JPEG, GIF or BMP image")
+    huge = tmp_path / "huge.png"
+    huge.write_bytes(_png_header(60_000, 60_000))  # a decompression bomb's header
+    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export, str(huge)),
+                    f"{huge} is 60000x60000 pixels")
+    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", job_dir,
+                               str(gray)), f"{job_dir} is not a SavedModel folder")
+    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export,
+                               str(tmp_path / "missing.png")), "cannot read image")
+
+
+def test_generator_refuses_a_tarball_missing_a_batch(tmp_path, make_cifar_tarball):
+    archive, _ = make_cifar_tarball(skip=("data_batch_3",))
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(archive)
+    proc = run_generator_cli("--data-dir", str(tmp_path), "--source-md5", md5(archive))
+    _one_line_error(proc, "data_batch_3")
+    assert not list(tmp_path.glob("*.tfrecords"))
