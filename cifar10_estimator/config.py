@@ -64,6 +64,11 @@ class TrainConfig:
         None, "channels_first (NCHW) or channels_last (NHWC); default: channels_last on CPU, "
               "channels_first with GPUs", choices=("channels_first", "channels_last"))
     log_device_placement: bool = _field(False, "log the device of every op")
+    precision: str = _field(
+        "fp32", "fp32, or bf16: convolutions in bfloat16 through oneDNN (CPUs with AVX512_BF16 "
+                "or AMX); variables, batch-norm statistics and the loss stay float32",
+        choices=("fp32", "bf16"))
+    xla: bool = _field(False, "compile the training step with XLA (global JIT)")
     batch_norm_decay: float = _field(0.997, "batch-norm moving-average decay")
     batch_norm_epsilon: float = _field(1e-5, "batch-norm epsilon")
     save_checkpoints_steps: Optional[int] = _field(
@@ -77,6 +82,14 @@ class TrainConfig:
     export_dir: Optional[str] = _field(
         None, "where the SavedModel goes, in a numbered subfolder (default: JOB_DIR/export)")
     seed: Optional[int] = _field(None, "random seed for initialisation, shuffling and augmentation")
+    cluster_timeout_secs: int = _field(
+        600, "in a cluster, how long a task waits for the others (for the parameter servers "
+             "to answer, for the chief's first checkpoint, for the chief to initialise the "
+             "model) before it fails with an error; TensorFlow's own default is 2 hours")
+    max_worker_delay_secs: Optional[int] = _field(
+        None, "in a cluster, cap on the staggered start of worker i, min(cap, 5*(i+1)) s "
+              "(Estimator's, to let async training settle before all workers push updates); "
+              "default 60 asynchronous, 0 with --sync")
 
     @property
     def checkpoint_secs(self) -> Optional[int]:
@@ -112,23 +125,27 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
       num_visible_gpus: GPUs TensorFlow can see on this machine.
       needs_data: False on a parameter-server task, which needs neither data nor model flags.
     """
+    if not needs_data:
+        return  # a parameter server only serves variables: no flag matters to it
     if not config.job_dir:
         raise UserError("--job-dir is required: the folder for checkpoints and the export")
-    if not needs_data:
-        return
     if not config.data_dir:
         raise UserError("--data-dir is required: the folder with the .tfrecords files")
     for name in ("num_gpus", "train_steps", "eval_throttle_secs", "num_intra_threads",
                  "num_inter_threads"):
         if getattr(config, name) < 0:
             raise UserError(f"{flag(name)} must be 0 or more, got {getattr(config, name)}")
-    for name in ("num_cpu_towers", "train_batch_size", "eval_batch_size", "keep_checkpoint_max"):
+    for name in ("num_cpu_towers", "train_batch_size", "eval_batch_size", "keep_checkpoint_max",
+                 "cluster_timeout_secs"):
         if getattr(config, name) < 1:
             raise UserError(f"{flag(name)} must be 1 or more, got {getattr(config, name)}")
     for name in ("save_checkpoints_steps", "save_checkpoints_secs"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise UserError(f"{flag(name)} must be 1 or more, got {value}")
+    if config.max_worker_delay_secs is not None and config.max_worker_delay_secs < 0:
+        raise UserError(f"--max-worker-delay-secs must be 0 or more, got "
+                        f"{config.max_worker_delay_secs}")
     if config.save_checkpoints_steps is not None and config.save_checkpoints_secs is not None:
         raise UserError("--save-checkpoints-steps and --save-checkpoints-secs exclude each "
                         "other; give one")

@@ -13,6 +13,8 @@ import tensorflow as tf
 from cifar10_estimator import cifar10, hooks, resnet, towers
 
 PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+# Marks the check_numerics failure of a NaN or infinite loss (see guards.training_errors).
+NAN_LOSS_MESSAGE = "training loss is NaN or infinite"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +153,19 @@ def make_model_fn(s: ModelSettings):
                 optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=s.num_workers,
                     total_num_replicas=s.num_workers)
-                # Every worker needs the hook (the chief's also runs the token queue).
-                training_hooks.append(optimizer.make_session_run_hook(s.is_chief))
+                # Every worker needs the hook (the chief's also applies the aggregated
+                # gradients). No initial tokens: TensorFlow's default puts one per replica in
+                # the queue, which lets a chief that starts first fill the first steps with
+                # its own gradients alone; with none, step 1 waits for every worker.
+                training_hooks.append(hooks.sync_replicas_hook(optimizer, s.is_chief,
+                                                               num_tokens=0))
             gradvars = towers.average_gradients(tower_grads)
-            apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
+            # A NaN or infinite loss fails the step before the update is applied, so the
+            # variables (and every checkpoint saved later) keep their last finite values.
+            # Estimator's own NanTensorHook checks only after the step, when the chief's
+            # checkpoint hook (which runs first) may already have saved the NaN weights.
+            with tf.control_dependencies([tf.debugging.check_numerics(loss, NAN_LOSS_MESSAGE)]):
+                apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
             train_op = tf.group(apply_op, *update_ops)
 
         per_global_step = None

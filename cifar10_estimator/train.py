@@ -4,20 +4,31 @@ This is the only module that builds the Estimator's ``RunConfig``, and through i
 consumer of ``TF_CONFIG`` (the cluster and this task's role). Locally it trains, evaluates each
 new checkpoint (at most every ``--eval-throttle-secs``) and once at the end, then exports.
 Rerunning with the same job dir resumes from the latest checkpoint there.
+
+In a cluster (``TF_CONFIG`` with a ``cluster``) the role decides: a ``ps`` serves variables
+until the training tasks are done (``distributed.run_parameter_server``); ``chief`` and
+``worker`` train against the parameter servers, asynchronously or with ``--sync``; an
+``evaluator`` (outside the cluster spec, as Estimator requires) evaluates each new checkpoint
+in the shared job dir and exits after the one at ``--train-steps``. Only the chief saves
+checkpoints and exports.
 """
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator import export, towers
+from cifar10_estimator import cifar10, distributed, export, guards, towers
 from cifar10_estimator.config import TrainConfig
 from cifar10_estimator.dataset import Cifar10DataSet
+from cifar10_estimator.errors import UserError
 from cifar10_estimator.model_fn import ModelSettings, make_model_fn
 
 log = logging.getLogger("cifar10_estimator")
+
+# How long a finished trainer tries to tell a parameter server so (a live one answers in ms).
+_REPORT_TIMEOUT_SECS = 30
 
 
 @dataclasses.dataclass
@@ -28,8 +39,13 @@ class TrainResult:
     export_path: Optional[str]
 
 
-def session_config(config: TrainConfig) -> tf.compat.v1.ConfigProto:
-    """Threading, placement and logical CPU devices for every session of the job."""
+def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
+                   ) -> tf.compat.v1.ConfigProto:
+    """Threading, placement and logical CPU devices for every session of the job.
+
+    ``device_filters`` limits a cluster task's sessions to the tasks it needs
+    (``distributed.device_filters``).
+    """
     proto = tf.compat.v1.ConfigProto(
         allow_soft_placement=True,
         log_device_placement=config.log_device_placement,
@@ -39,28 +55,52 @@ def session_config(config: TrainConfig) -> tf.compat.v1.ConfigProto:
         gpu_options=tf.compat.v1.GPUOptions(force_gpu_compatible=True))
     if config.num_gpus == 0 and config.num_cpu_towers > 1:
         proto.device_count["CPU"] = config.num_cpu_towers
+    if config.xla:
+        proto.graph_options.optimizer_options.global_jit_level = (
+            tf.compat.v1.OptimizerOptions.ON_1)
+    proto.device_filters.extend(device_filters)
     return proto
 
 
 def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
     """The Estimator RunConfig; reads TF_CONFIG for the cluster and this task's role."""
-    return tf.estimator.RunConfig(
-        model_dir=config.job_dir,
-        tf_random_seed=config.seed,
-        session_config=session_config(config),
-        save_checkpoints_steps=config.save_checkpoints_steps,
-        save_checkpoints_secs=config.checkpoint_secs,
-        keep_checkpoint_max=config.keep_checkpoint_max,
-        save_summary_steps=100,
-        # The model_fn's own hooks log step, loss, learning rate and examples/sec; the
-        # Estimator's step counter would log a second, less informative line.
-        log_step_count_steps=None)
+    worker_delay = config.max_worker_delay_secs
+    if worker_delay is None and config.sync:
+        # Staggering exists for async updates; a sync step waits for every worker anyway.
+        worker_delay = 0
+    try:
+        rc = tf.estimator.RunConfig(
+            model_dir=config.job_dir,
+            tf_random_seed=config.seed,
+            session_config=session_config(config),
+            save_checkpoints_steps=config.save_checkpoints_steps,
+            save_checkpoints_secs=config.checkpoint_secs,
+            keep_checkpoint_max=config.keep_checkpoint_max,
+            save_summary_steps=100,
+            # The model_fn's own hooks log step, loss, learning rate and examples/sec; the
+            # Estimator's step counter would log a second, less informative line.
+            log_step_count_steps=None,
+            # A worker waits this long for the chief to initialise or restore the model
+            # (SessionManager.wait_for_session); Estimator's default is 7200 s.
+            session_creation_timeout_secs=config.cluster_timeout_secs,
+            experimental_max_worker_delay_secs=worker_delay)
+    except ValueError as e:  # TF_CONFIG that Estimator refuses
+        raise UserError(f"TF_CONFIG: {e}; see the README section on clusters") from None
+    if rc.cluster_spec and rc.task_type in distributed.TRAINER_JOBS:
+        rc = rc.replace(session_config=session_config(
+            config, distributed.device_filters(rc.task_type, rc.task_id)))
+    return rc
 
 
 def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
                    train_records: int) -> ModelSettings:
-    """Resolves the model_fn's settings from the config and the cluster."""
-    steps_per_epoch = max(1, train_records // (config.train_batch_size * num_workers))
+    """Resolves the model_fn's settings from the config and the cluster.
+
+    An epoch is counted in global steps: with --sync one global step consumes a batch from
+    every worker; asynchronously every worker's own step is a global step of one batch.
+    """
+    per_global_step = config.train_batch_size * (num_workers if config.sync else 1)
+    steps_per_epoch = max(1, train_records // per_global_step)
     return ModelSettings(
         num_layers=config.num_layers,
         resnet_version=config.resnet_version,
@@ -78,18 +118,42 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
         variable_strategy=config.variable_strategy,
         num_workers=num_workers,
         sync=config.sync,
-        is_chief=is_chief)
+        is_chief=is_chief,
+        compute_dtype="bfloat16" if config.precision == "bf16" else "float32")
+
+
+def _log_role(rc: tf.estimator.RunConfig, cluster: dict, config: TrainConfig) -> None:
+    if rc.task_type == "evaluator":
+        log.info("role: evaluator (outside the training cluster): evaluates each new "
+                 "checkpoint in %s until global step %d", config.job_dir, config.train_steps)
+    elif cluster:
+        log.info("role: %s %d of the cluster %s; %d training task(s), %d ps, %s updates",
+                 rc.task_type, rc.task_id, distributed.describe(cluster),
+                 rc.num_worker_replicas, rc.num_ps_replicas,
+                 "synchronous" if config.sync else "asynchronous")
+    else:
+        log.info("role: local (no cluster in TF_CONFIG)")
 
 
 def train_and_evaluate(config: TrainConfig) -> TrainResult:
     """Trains, evaluates and (on the chief) exports, as this task's role in TF_CONFIG says."""
-    rc = run_config(config)
-    if rc.task_type == "ps":
-        log.info("parameter server %d of cluster %s", rc.task_id, rc.cluster_spec.as_dict())
-        tf.estimator.train_and_evaluate(
-            tf.estimator.Estimator(lambda features, labels, mode: None, config=rc),
-            tf.estimator.TrainSpec(lambda: None), tf.estimator.EvalSpec(lambda: None))
+    try:
+        role = tf.estimator.RunConfig()  # only the role: a ps needs none of the settings
+    except ValueError as e:
+        raise UserError(f"TF_CONFIG: {e}; see the README section on clusters") from None
+    if role.task_type == "ps":
+        cluster = role.cluster_spec.as_dict()
+        log.info("role: ps %d of the cluster %s", role.task_id, distributed.describe(cluster))
+        distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
         return TrainResult(None, None)
+
+    rc = run_config(config)
+    cluster = rc.cluster_spec.as_dict() if rc.cluster_spec else {}
+    in_cluster = rc.task_type in distributed.TRAINER_JOBS and bool(cluster)
+    _log_role(rc, cluster, config)
+    if in_cluster and rc.num_worker_replicas > 1 and not rc.num_ps_replicas:
+        raise UserError(f"TF_CONFIG: the cluster has {rc.num_worker_replicas} training tasks "
+                        f"but no 'ps' job; workers share variables through parameter servers")
 
     num_workers = rc.num_worker_replicas or 1
     train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training)
@@ -100,8 +164,23 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
              "epoch", config.num_layers, config.resnet_version, settings.data_format,
              ", ".join(settings.devices), num_workers, train_records, settings.steps_per_epoch)
 
+    if in_cluster:
+        # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
+        # A trainer's sessions use only the parameter servers (and itself); a worker learns
+        # that the chief is up from its checkpoint, below.
+        distributed.wait_for_tasks(
+            {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))},
+            config.cluster_timeout_secs)
+    if not rc.is_chief:
+        # A worker or evaluator starts once the chief's first checkpoint exists: this proves
+        # the job dir is shared, and a worker arriving before the chief has initialised the
+        # variables would sleep 30 s between checks (SessionManager's recovery_wait_secs).
+        distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
+
+    if rc.is_chief:
+        guards.check_job_dir(config.job_dir, config.num_layers, config.resnet_version)
     latest = tf.train.latest_checkpoint(config.job_dir)
-    if latest:
+    if latest and rc.is_chief:  # only the chief restores; others use the ps or evaluate
         log.info("resuming from %s", latest)
     estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
     train_spec = tf.estimator.TrainSpec(
@@ -110,13 +189,26 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
     eval_spec = tf.estimator.EvalSpec(
         lambda: eval_data.make_batch(config.eval_batch_size),
         steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs)
-    result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    try:
+        with guards.training_errors(config.data_dir, config.job_dir):
+            result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    except tf.errors.DeadlineExceededError as e:
+        if rc.is_chief:
+            raise
+        raise UserError(f"the chief did not make the model ready within "
+                        f"{config.cluster_timeout_secs} s (--cluster-timeout-secs): "
+                        f"{e.message.splitlines()[0]}") from None
     metrics = result[0] if result else None
+    if in_cluster:
+        # Lets the parameter servers exit; the export below does not need them.
+        distributed.report_done(cluster, f"{rc.task_type}:{rc.task_id}",
+                                _REPORT_TIMEOUT_SECS)
 
     export_path = None
     if rc.is_chief:
         checkpoint = tf.train.latest_checkpoint(config.job_dir)
         export_path = export.export_saved_model(settings, checkpoint,
-                                                config.resolved_export_dir)
+                                                config.resolved_export_dir,
+                                                cifar10.label_names(config.data_dir))
         log.info("exported SavedModel to %s", export_path)
     return TrainResult(metrics, export_path)

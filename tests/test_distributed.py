@@ -1,0 +1,283 @@
+"""Distributed training for real: clusters of processes on 127.0.0.1 driven by TF_CONFIG.
+
+Every cluster is 1 ps + chief + 1 worker training a ResNet-8 on batches of 8 for a few dozen
+steps, through the launcher (``python -m cifar10_estimator.cluster``) or with hand-made
+TF_CONFIG values. The tasks' logs are the evidence: each trainer logs how many steps it ran
+itself, the parameter server logs which trainers reported, the evaluator logs each evaluation.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator import cluster, train
+from cifar10_estimator.config import TrainConfig
+from trainer_fixtures import REPO, TINY_FLAGS
+
+STEPS = 40
+_RAN = re.compile(r"this task ran (\d+) training steps")
+_EVAL = re.compile(r"Saving dict for global step (\d+):")
+_RATE = re.compile(r"examples/sec: ([\d.]+) average, [\d.]+ current on this worker; "
+                   r"cluster ([\d.]+)")
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+
+
+def _trainer_flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
+    return ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+            "--train-steps", str(STEPS), "--save-checkpoints-steps", "10",
+            "--eval-throttle-secs", "1", "--max-worker-delay-secs", "0",
+            "--cluster-timeout-secs", "60", "--seed", "1", *extra]
+
+
+def _launch(*args: str, timeout: int = 240) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.cluster", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=_env())
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _task_lines(output: str, task: str) -> list[str]:
+    prefix = f"[{task}] "
+    return [line[len(prefix):] for line in output.splitlines() if line.startswith(prefix)]
+
+
+def _one(pattern: re.Pattern, lines: list[str]) -> int:
+    found = [int(m.group(1)) for m in map(pattern.search, lines) if m]
+    assert len(found) == 1, (pattern.pattern, found)
+    return found[0]
+
+
+def _step_of(checkpoint: str) -> int:
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
+def _seconds(line: str) -> int:
+    h, m, s = map(int, line[:8].split(":"))
+    return 3600 * h + 60 * m + s
+
+
+def _assert_clean_end(code: int, output: str, tasks: list[str], job_dir: str) -> None:
+    assert code == 0, output[-4000:]
+    for task in tasks:
+        assert f"[cluster] {task}: exit status 0" in output, output[-4000:]
+    exports = os.listdir(os.path.join(job_dir, "export"))
+    assert len(exports) == 1, exports  # exported once, by the chief only
+    assert os.path.isfile(os.path.join(job_dir, "export", exports[0], "saved_model.pb"))
+    assert "Traceback" not in output, output[-4000:]
+
+
+def _assert_evaluated_final(output: str, final_step: int) -> None:
+    lines = _task_lines(output, "evaluator")
+    evaluated = [int(m.group(1)) for m in map(_EVAL.search, lines) if m]
+    assert evaluated and evaluated[-1] == final_step, evaluated
+    assert evaluated == sorted(evaluated)  # checkpoints in the order they appeared
+    assert any("Exiting evaluation" in line for line in lines)
+
+
+def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    code, output = _launch("--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
+                           *_trainer_flags(data_dir, job_dir))
+    _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
+
+    final = _step_of(tf.train.latest_checkpoint(job_dir))
+    # Async training can end a few steps past the target: each worker finishes the step it is
+    # in, and Estimator's StopAtStepHook estimates the global step from a value read during
+    # the step (before the other worker's concurrent update). Two workers: at most 3 extra.
+    assert STEPS <= final <= STEPS + 3
+    chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
+    assert any("role: chief 0 of the cluster" in l and "asynchronous" in l for l in chief)
+    # Asynchronous: every local step is one global step, whoever ran it. (A worker that
+    # starts after the chief's last checkpoint skips training and logs no count: 0 steps.)
+    worker_steps = _one(_RAN, worker) if any(_RAN.search(l) for l in worker) else 0
+    assert final <= _one(_RAN, chief) + worker_steps <= STEPS + 3
+    assert any("chief:0 finished" in l for l in _task_lines(output, "ps0"))
+    assert any("(2 of 2 training tasks)" in l for l in _task_lines(output, "ps0"))
+    _assert_evaluated_final(output, final)
+
+
+def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stall(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    code, output = _launch("--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
+                           *_trainer_flags(data_dir, job_dir, "--sync"))
+    _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
+
+    assert _step_of(tf.train.latest_checkpoint(job_dir)) == STEPS  # no overshoot in sync
+    chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
+    assert any("replicas_to_aggregate=2" in line for line in chief)
+    # STEPS global steps from 2 x STEPS local steps, one per worker per step: both
+    # contributed to every update.
+    assert (_one(_RAN, chief), _one(_RAN, worker)) == (STEPS, STEPS)
+    # The cluster rate counts both workers' batches: twice this worker's own rate.
+    for lines in (chief, worker):
+        own, total = map(float, [m for m in map(_RATE.search, lines) if m][-1].groups())
+        assert total == pytest.approx(2 * own, rel=0.05)
+    # TensorFlow's own chief hook stalls 120 s between the last step and the session's end.
+    last_step = next(l for l in chief if _RAN.search(l))
+    closed = next(l for l in chief if "Loss for final step" in l)
+    assert _seconds(closed) - _seconds(last_step) < 20
+    _assert_evaluated_final(output, STEPS)
+
+
+def test_sync_on_one_machine_ends_without_the_shutdown_stall(tiny_records, tmp_path):
+    # Upstream §8.8: a local --sync run sat out 120 s after its last step on TF 2.15.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
+         job_dir, *TINY_FLAGS, "--train-steps", "12", "--save-checkpoints-steps", "6", "--sync"],
+        capture_output=True, text=True, timeout=150, cwd=REPO, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _step_of(tf.train.latest_checkpoint(job_dir)) == 12
+    assert "Traceback" not in proc.stderr and "threads still running" not in proc.stderr
+    assert time.monotonic() - started < 90
+
+
+def _start(task: cluster.Task, args: list[str], log_path) -> subprocess.Popen:
+    env = dict(_env(), TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def _wait_for_line(path, text: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in path.read_text():
+            return
+        assert process.poll() is None, path.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not seen in {path}:\n{path.read_text()[-3000:]}")
+
+
+def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    steps = 300
+    ps, chief, worker = cluster.plan(num_workers=2, num_ps=1, evaluator=False)
+    flags = _trainer_flags(data_dir, job_dir, "--cluster-timeout-secs", "10",
+                           "--save-checkpoints-steps", "50")
+    flags[flags.index("--train-steps") + 1] = str(steps)
+    logs = {name: tmp_path / f"{name}.log" for name in ("ps", "chief", "worker")}
+    # A parameter server needs no flags at all.
+    processes = {"ps": _start(ps, ["--cluster-timeout-secs", "10"], logs["ps"])}
+    processes["chief"] = _start(chief, flags, logs["chief"])
+    processes["worker"] = _start(worker, flags, logs["worker"])
+    try:
+        _wait_for_line(logs["worker"], "examples/sec", processes["worker"], timeout=120)
+        assert processes["chief"].poll() is None, "the chief finished before the kill"
+        processes["worker"].send_signal(signal.SIGKILL)
+        assert processes["chief"].wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
+        # The ps waits --cluster-timeout-secs for the dead worker's report, then exits.
+        assert processes["ps"].wait(timeout=60) == 0, logs["ps"].read_text()[-3000:]
+    finally:
+        for p in processes.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert steps <= _step_of(tf.train.latest_checkpoint(job_dir)) <= steps + 3
+    assert len(os.listdir(os.path.join(job_dir, "export"))) == 1
+    ps_log = logs["ps"].read_text()
+    assert "chief:0 finished" in ps_log and "worker:0 never reported" in ps_log
+    chief_steps = _one(_RAN, logs["chief"].read_text().splitlines())
+    assert 0 < chief_steps < steps  # the worker did part of the work before it died
+
+
+def _closed_ports(count: int) -> list[int]:
+    return cluster.free_ports(count)  # free a moment ago, and nobody listens
+
+
+def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    # The ps address accepts TCP connections but is no TensorFlow server (TensorFlow's own
+    # session creation would wait for it forever); the chief's address is closed.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    ps_port = listener.getsockname()[1]
+    chief_port, worker_port = _closed_ports(2)
+    spec = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
+            "ps": [f"127.0.0.1:{ps_port}"]}
+    env = dict(_env(), TF_CONFIG=cluster.tf_config(spec, "worker", 0))
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
+             str(tmp_path / "job"), *TINY_FLAGS, "--cluster-timeout-secs", "2"],
+            capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    finally:
+        listener.close()
+    assert proc.returncode == 2
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("cifar10_estimator: error: cannot reach ")
+    assert f"ps:0 at 127.0.0.1:{ps_port}" in error
+    assert "within 2 s (--cluster-timeout-secs)" in error
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_worker_that_does_not_see_the_chiefs_job_dir_fails_clearly(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    # A real parameter server (in this process) answers; the chief writes elsewhere.
+    chief_port, worker_port, ps_port = _closed_ports(3)
+    spec = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
+            "ps": [f"127.0.0.1:{ps_port}"]}
+    tf.distribute.Server(tf.train.ClusterSpec(spec), job_name="ps", task_index=0, start=True)
+    env = dict(_env(), TF_CONFIG=cluster.tf_config(spec, "worker", 0))
+    job_dir = str(tmp_path / "not-shared")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
+         job_dir, *TINY_FLAGS, "--cluster-timeout-secs", "2"],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert proc.returncode == 2
+    error = proc.stderr.strip().splitlines()[-1]
+    assert f"no checkpoint from the chief appeared in --job-dir {job_dir}" in error
+    assert "same --job-dir" in error and "Traceback" not in proc.stderr
+
+
+def test_the_launcher_stops_every_task_and_fails_when_one_task_fails(tmp_path):
+    empty = tmp_path / "no-records"
+    empty.mkdir()
+    code, output = _launch("--num-workers", "2", "--num-ps", "1", "--",
+                           "--data-dir", str(empty), "--job-dir", str(tmp_path / "job"),
+                           *TINY_FLAGS, timeout=120)
+    assert code == 1
+    assert re.search(r"\[cluster\] (chief|worker0) failed with exit status 2", output), output
+    assert "[cluster] ps0: stopped" in output  # the ps was serving; the launcher ended it
+    assert "train.tfrecords not found" in output
+
+
+def test_cluster_layout_counts_the_chief_among_the_workers():
+    tasks = cluster.plan(num_workers=3, num_ps=2, evaluator=True)
+    assert [t.name for t in tasks] == ["ps0", "ps1", "chief", "worker0", "worker1", "evaluator"]
+    import json
+    spec = json.loads(tasks[0].tf_config)["cluster"]
+    assert (len(spec["chief"]), len(spec["worker"]), len(spec["ps"])) == (1, 2, 2)
+    assert "evaluator" not in spec  # Estimator keeps the evaluator outside the cluster spec
+    addresses = spec["chief"] + spec["worker"] + spec["ps"]
+    assert len(set(addresses)) == 5 and all(a.startswith("127.0.0.1:") for a in addresses)
+
+
+def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
+    async_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8)
+    sync_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8, sync=True)
+    # 96 records: 12 batches of 8. Async: one batch per global step, whatever the workers.
+    assert train.model_settings(async_config, 2, True, 96).steps_per_epoch == 12
+    # Sync with 2 workers: each global step consumes 2 batches.
+    assert train.model_settings(sync_config, 2, True, 96).steps_per_epoch == 6
+    assert train.model_settings(sync_config, 1, True, 96).steps_per_epoch == 12
