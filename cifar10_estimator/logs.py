@@ -23,7 +23,7 @@ _NOISE = (
     "Start train and evaluate loop", "Calling checkpoint listeners", "Starting evaluation at",
     "Inference Time :", "Evaluation [", "Saving 'checkpoint_path'",
     "Using default config", "Skipping training since max_steps", "No assets to ",
-    "SavedModel written to", "Assets written to",
+    "SavedModel written to", "Assets written to", "TF_CONFIG environment variable",
 )
 
 

@@ -101,7 +101,6 @@ def run(argv: Optional[Sequence[str]] = None):
              needs_data=task_type != "ps")
     from cifar10_estimator import train
 
-    log.info("task: %s", task_type or "local (no TF_CONFIG)")
     result = train.train_and_evaluate(config)
     if result.eval_metrics:
         shown = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(result.eval_metrics.items())
