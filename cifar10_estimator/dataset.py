@@ -24,6 +24,7 @@ from cifar10_estimator import cifar10
 from cifar10_estimator.errors import UserError
 
 PAD = 4  # pixels of zero padding before the random crop (He et al. 2015, section 4.2)
+IN_FLIGHT_BATCHES = 2  # training batches parsed and augmented ahead of the step
 
 
 def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -121,8 +122,10 @@ class Cifar10DataSet:
                                                          index]))
             return {"image": tf.cast(images, tf.float32)}, labels
 
-        return batches.enumerate().map(parse, num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=seed is not None).prefetch(tf.data.AUTOTUNE)
+        # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone
+        # makes ~75,000 images/s on 2 cores, the step consumes ~1,000 (benchmarks/).
+        return batches.enumerate().map(parse, num_parallel_calls=IN_FLIGHT_BATCHES,
+                                       deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES)
 
     def _evaluation_batches(self, records, batch_size):
         def parse(serialized):
