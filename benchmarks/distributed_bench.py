@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 
+from sample_records import make_sample_records
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -65,13 +67,6 @@ class Recorder:
 
     def flush(self) -> None:
         pass
-
-
-def make_data(work: str) -> str:
-    data_dir = os.path.join(work, "data")
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
-                    "--data-dir", data_dir, "--sample"], check=True, capture_output=True)
-    return data_dir
 
 
 def trainer_flags(args, data_dir: str, job_dir: str, sync: bool) -> list[str]:
@@ -157,7 +152,7 @@ def main() -> int:
           f"steps per run, {args.repeats} runs per configuration", flush=True)
     results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory() as work:
-        data_dir = args.data_dir or make_data(work)
+        data_dir = args.data_dir or make_sample_records(work)
         for repeat in range(args.repeats):
             for key in keys:
                 images, steps_per_sec, measured = run_once(args, key, data_dir, work)

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 
+from sample_records import make_sample_records
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CHILD = r"""
@@ -63,9 +65,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="c10start.")
-    data_dir = os.path.join(work, "data")
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
-                    "--data-dir", data_dir, "--sample"], check=True, capture_output=True)
+    data_dir = make_sample_records(work)
     runs = []
     for i in range(args.runs):
         proc = subprocess.run([sys.executable, "-c", _CHILD, data_dir,

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from cifar10_estimator import cluster, train
 from cifar10_estimator.config import TrainConfig
-from trainer_fixtures import REPO, TINY_FLAGS
+from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
 
 STEPS = 40
 _RAN = re.compile(r"this task ran (\d+) training steps")
@@ -56,10 +56,6 @@ def _one(pattern: re.Pattern, lines: list[str]) -> int:
     return found[0]
 
 
-def _step_of(checkpoint: str) -> int:
-    return int(checkpoint.rsplit("-", 1)[1])
-
-
 def _seconds(line: str) -> int:
     h, m, s = map(int, line[:8].split(":"))
     return 3600 * h + 60 * m + s
@@ -91,7 +87,7 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
                            *_trainer_flags(data_dir, job_dir))
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
 
-    final = _step_of(tf.train.latest_checkpoint(job_dir))
+    final = checkpoint_step(tf.train.latest_checkpoint(job_dir))
     # Async training can end a few steps past the target: each worker finishes the step it is
     # in, and Estimator's StopAtStepHook estimates the global step from a value read during
     # the step (before the other worker's concurrent update). Two workers: at most 3 extra.
@@ -115,7 +111,7 @@ def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stal
                            *_trainer_flags(data_dir, job_dir, "--sync"))
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
 
-    assert _step_of(tf.train.latest_checkpoint(job_dir)) == STEPS  # no overshoot in sync
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == STEPS  # no overshoot in sync
     chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
     assert any("replicas_to_aggregate=2" in line for line in chief)
     # STEPS global steps from 2 x STEPS local steps, one per worker per step: both
@@ -142,7 +138,7 @@ def test_sync_on_one_machine_ends_without_the_shutdown_stall(tiny_records, tmp_p
          job_dir, *TINY_FLAGS, "--train-steps", "12", "--save-checkpoints-steps", "6", "--sync"],
         capture_output=True, text=True, timeout=150, cwd=REPO, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _step_of(tf.train.latest_checkpoint(job_dir)) == 12
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 12
     assert "Traceback" not in proc.stderr and "threads still running" not in proc.stderr
     assert time.monotonic() - started < 90
 
@@ -189,7 +185,7 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert steps <= _step_of(tf.train.latest_checkpoint(job_dir)) <= steps + 3
+    assert steps <= checkpoint_step(tf.train.latest_checkpoint(job_dir)) <= steps + 3
     assert len(os.listdir(os.path.join(job_dir, "export"))) == 1
     ps_log = logs["ps"].read_text()
     assert "chief:0 finished" in ps_log and "worker:0 never reported" in ps_log

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from cifar10_estimator import cifar10, main, train
 from cifar10_estimator.config import TrainConfig
-from trainer_fixtures import REPO, TINY_FLAGS, run_module
+from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
 
 _SERVE_SCRIPT = """
 import json, sys
@@ -29,10 +29,6 @@ np.savez(sys.argv[4], p_images=a["probabilities"].numpy(), c_images=a["classes"]
 """
 
 
-def _step_of(checkpoint):
-    return int(checkpoint.rsplit("-", 1)[1])
-
-
 def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_path):
     data_dir, rows = tiny_records
     job_dir = str(tmp_path / "job")
@@ -40,7 +36,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
                        "--num-cpu-towers", "2", "--train-steps", "12",
                        "--save-checkpoints-steps", "6", "--eval-throttle-secs", "1",
                        "--seed", "3", "--batch-norm-decay", "0.5"])
-    assert _step_of(tf.train.latest_checkpoint(job_dir)) == 12
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 12
     assert result.eval_metrics["global_step"] == 12
     assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
     assert os.path.isfile(os.path.join(result.export_path, "saved_model.pb"))
@@ -107,7 +103,7 @@ def test_rerunning_after_a_killed_run_resumes_from_the_last_checkpoint(tiny_reco
         deadline = time.time() + 120
         while time.time() < deadline:
             latest = tf.train.latest_checkpoint(job_dir)
-            if latest and _step_of(latest) >= 10:
+            if latest and checkpoint_step(latest) >= 10:
                 break
             time.sleep(0.2)
         else:
@@ -115,10 +111,10 @@ def test_rerunning_after_a_killed_run_resumes_from_the_last_checkpoint(tiny_reco
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    killed_at = _step_of(tf.train.latest_checkpoint(job_dir))
+    killed_at = checkpoint_step(tf.train.latest_checkpoint(job_dir))
     flags[flags.index("--train-steps") + 1] = str(killed_at + 5)
     rerun = run_module("cifar10_estimator", *flags)
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from {job_dir}/model.ckpt-{killed_at}" in rerun.stderr
-    assert _step_of(tf.train.latest_checkpoint(job_dir)) == killed_at + 5
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == killed_at + 5
     assert f"final evaluation at step {killed_at + 5}" in rerun.stderr
