@@ -6,6 +6,10 @@ examples/sec lines it logs: the median of the "current" figures after the first 
 start-up, the first checkpoint and the final evaluation are excluded. The peers in
 ``../shared/bench`` (Keras ``model.fit``; PyTorch when a Python with torch is given) run in the
 same loop, alternating with ours (A B C A B C ...), so a noisy machine moves all of them alike.
+Keras runs with oneDNN forced on (``TF_ENABLE_ONEDNN_OPTS=1``), its best on every CPU, as our
+command line runs itself. bf16 is measured only on CPUs with native bf16 (``cpu.py``).
+To see what an AVX2-only CPU's oneDNN kernels do on an AVX-512 machine, run under
+``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's dispatcher cap; the Eigen kernels are unaffected).
 
     python benchmarks/train_throughput.py --depths 20,44 --runs 3
     python benchmarks/train_throughput.py --torch-python /tmp/torch-venv/bin/python
@@ -23,16 +27,14 @@ import subprocess
 import sys
 import tempfile
 
+from machine import print_machine_line
+from sample_records import make_sample_records
+
+from cifar10_estimator import cpu
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(os.path.dirname(REPO), "shared", "bench")
 CURRENT = re.compile(r"examples/sec: [\d.]+ average, ([\d.]+) current")
-
-
-def make_data(work: str) -> str:
-    data_dir = os.path.join(work, "data")
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
-                    "--data-dir", data_dir, "--sample"], check=True, capture_output=True)
-    return data_dir
 
 
 def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> float:
@@ -52,7 +54,8 @@ def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> 
 
 
 def peer(cmd: list[str]) -> float:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH)
+    env = {**os.environ, cpu.ONEDNN_ENV: "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH, env=env)
     if proc.returncode:
         raise SystemExit(f"{cmd[1]} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["images_per_sec"]
@@ -64,14 +67,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200, help="training steps per run of ours")
     parser.add_argument("--seconds", type=float, default=25, help="timed seconds per peer run")
-    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--precisions",
+                        default="fp32,bf16" if cpu.read_cpu_info().as_seen_by_onednn(
+                            os.environ.get(cpu.ONEDNN_CAP_ENV)).native_bf16 else "fp32")
     parser.add_argument("--no-keras", action="store_true")
     parser.add_argument("--torch-python", help="a Python with torch 2.13 for the PyTorch peer")
     parser.add_argument("--extra", default="", help="more trainer flags, e.g. '--xla'")
     args = parser.parse_args()
+    print_machine_line()
 
     work = tempfile.mkdtemp(prefix="c10bench.")
-    data_dir = make_data(work)
+    data_dir = make_sample_records(work)
     rows = []
     for depth in map(int, args.depths.split(",")):
         contenders = {f"cifar10_estimator {p}": (lambda p=p: ours(

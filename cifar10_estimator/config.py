@@ -46,9 +46,10 @@ class TrainConfig:
     weight_decay: float = _field(2e-4, "L2 coefficient applied to all trainable variables")
     learning_rate: float = _field(
         0.1, "base learning rate; multiplied by --lr-decay-factors at --lr-boundary-epochs")
-    lr_boundary_epochs: tuple[int, ...] = _field(
-        (82, 123, 300), "epochs at which the learning rate drops (comma-separated); the "
-                        "schedule of tensorpack's cifar10-resnet that the tutorial used")
+    lr_boundary_epochs: tuple[float, ...] = _field(
+        (82, 123, 300), "epochs at which the learning rate drops (comma-separated, fractions "
+                        "allowed); the schedule of tensorpack's cifar10-resnet that the "
+                        "tutorial used")
     lr_decay_factors: tuple[float, ...] = _field(
         (1.0, 0.1, 0.01, 0.002), "learning-rate multipliers, one more than the boundaries")
     use_distortion_for_training: bool = _field(
@@ -65,9 +66,10 @@ class TrainConfig:
               "channels_first with GPUs", choices=("channels_first", "channels_last"))
     log_device_placement: bool = _field(False, "log the device of every op")
     precision: str = _field(
-        "fp32", "fp32, or bf16: convolutions in bfloat16 through oneDNN (CPUs with AVX512_BF16 "
-                "or AMX); variables, batch-norm statistics and the loss stay float32",
-        choices=("fp32", "bf16"))
+        "fp32", "fp32; bf16: convolutions in bfloat16 (CPUs with native bf16, AVX512_BF16 or "
+                "AMX, or GPUs of compute capability 8.0+), variables, batch-norm statistics "
+                "and the loss stay float32; auto: bf16 where the CPU has native bf16, else fp32",
+        choices=("auto", "fp32", "bf16"))
     xla: bool = _field(False, "compile the training step with XLA (global JIT)")
     batch_norm_decay: float = _field(0.997, "batch-norm moving-average decay")
     batch_norm_epsilon: float = _field(1e-5, "batch-norm epsilon")
@@ -117,13 +119,16 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True) -> None:
+def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True,
+             onednn_enabled: bool = True) -> None:
     """Raises UserError naming the flag for every invalid setting or combination.
 
     Args:
       config: the settings.
       num_visible_gpus: GPUs TensorFlow can see on this machine.
       needs_data: False on a parameter-server task, which needs neither data nor model flags.
+      onednn_enabled: whether TensorFlow's oneDNN kernels are on in this process
+        (``cpu.onednn_enabled``); without them a CPU cannot pool in channels_first.
     """
     if not needs_data:
         return  # a parameter server only serves variables: no flag matters to it
@@ -160,6 +165,13 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
     if config.variable_strategy == "GPU" and config.num_gpus == 0:
         raise UserError("--variable-strategy GPU needs GPUs; with --num-gpus 0 use "
                         "--variable-strategy CPU")
+    if (config.num_gpus == 0 and config.resolved_data_format() == "channels_first"
+            and not onednn_enabled):
+        # TF 2.15's Eigen CPU kernels have no NCHW pooling ("Default AvgPoolingOp only
+        # supports NHWC on device type CPU"); its oneDNN kernels do.
+        raise UserError("--data-format channels_first on a CPU needs TensorFlow's oneDNN "
+                        "kernels, which are off in this process; set TF_ENABLE_ONEDNN_OPTS=1 "
+                        "(or unset it) or use --data-format channels_last")
     for name in ("train_batch_size", "eval_batch_size"):
         if getattr(config, name) % config.num_towers:
             raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "

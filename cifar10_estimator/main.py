@@ -14,7 +14,7 @@ import sys
 import typing
 from typing import Optional, Sequence
 
-from cifar10_estimator import logs
+from cifar10_estimator import cpu, logs
 from cifar10_estimator.config import TrainConfig, flag, validate
 from cifar10_estimator.errors import UserError, run_cli
 
@@ -85,6 +85,23 @@ def _task_type() -> Optional[str]:
                         "section on clusters") from None
 
 
+def _resolve_precision(config: TrainConfig, gpus: list, onednn: bool) -> TrainConfig:
+    """Replaces ``--precision auto`` by what fits this machine; logs the CPU and the choice."""
+    import tensorflow as tf
+
+    info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
+    capabilities = []
+    if config.num_gpus:
+        for gpu in gpus[:config.num_gpus]:
+            details = tf.config.experimental.get_device_details(gpu)
+            capabilities.append(tuple(details.get("compute_capability", (0, 0))))
+    precision, why = cpu.resolve_precision(config.precision, info, onednn=onednn,
+                                           gpu_capabilities=capabilities)
+    log.info("CPU: %s; oneDNN %s", info.describe(), "on" if onednn else "off")
+    log.info("precision: %s (%s)", precision, why)
+    return dataclasses.replace(config, precision=precision)
+
+
 def run(argv: Optional[Sequence[str]] = None):
     """Parses ``argv``, validates, sets up logging and trains; returns the ``TrainResult``.
 
@@ -94,11 +111,18 @@ def run(argv: Optional[Sequence[str]] = None):
     verbose = args.__dict__.pop("verbose")
     config = TrainConfig(**vars(args))
     task_type = _task_type()
+    # Before TensorFlow loads: oneDNN roughly doubles CPU training speed where TF leaves it
+    # off (AVX2-only CPUs) and is what runs channels_first on a CPU (see cpu.py).
+    cpu.prefer_onednn(os.environ)
     logs.setup_logging(verbose)
     import tensorflow as tf
 
-    validate(config, num_visible_gpus=len(tf.config.list_physical_devices("GPU")),
-             needs_data=task_type != "ps")
+    gpus = tf.config.list_physical_devices("GPU")
+    onednn = cpu.onednn_enabled()
+    validate(config, num_visible_gpus=len(gpus), needs_data=task_type != "ps",
+             onednn_enabled=onednn)
+    if task_type != "ps":
+        config = _resolve_precision(config, gpus, onednn)
     from cifar10_estimator import train
 
     result = train.train_and_evaluate(config)

@@ -104,6 +104,9 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
     An epoch is counted in global steps: with --sync one global step consumes a batch from
     every worker; asynchronously every worker's own step is a global step of one batch.
     """
+    if config.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision {config.precision!r} must be resolved to fp32 or bf16 "
+                         f"first (cpu.resolve_precision)")
     per_global_step = config.train_batch_size * (num_workers if config.sync else 1)
     steps_per_epoch = max(1, train_records // per_global_step)
     return ModelSettings(

@@ -19,7 +19,12 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from cifar10_estimator import batches, cifar10
+from cifar10_estimator import batches, cifar10, cpu
+
+# The suite's own process runs TensorFlow as the command lines do: oneDNN on unless the user
+# chose (cpu.prefer_onednn). Run with TF_ENABLE_ONEDNN_OPTS=0 to test the Eigen kernels that an
+# AVX2-only CPU gets by default; tests that need oneDNN check cpu.onednn_enabled().
+cpu.prefer_onednn(os.environ)
 
 from trainer_fixtures import REPO, tiny_records  # noqa: F401  (trainer fixtures)
 BATCH_NAMES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",

@@ -1,5 +1,6 @@
 """The ResNet builder: the paper's parameter counts, shapes, versions and data formats."""
 
+import os
 import subprocess
 import sys
 
@@ -70,11 +71,14 @@ def test_channels_first_computes_the_same_logits_as_channels_last(tmp_path):
     # layout runs in its own process: on TF 2.15 with oneDNN, an NCHW graph run after an
     # NHWC graph of the same shapes in one process gave wrong logits (seen while writing
     # this test); one layout per process, as in training, is exact.
+    # NCHW pooling exists only in oneDNN's CPU kernels, which the command lines turn on; the
+    # test turns them on in its own processes whatever the suite runs with.
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}
     out = {}
     for fmt in ("channels_last", "channels_first"):
         path = tmp_path / f"{fmt}.npz"
         subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, fmt, str(path)], check=True,
-                       capture_output=True, cwd=REPO)
+                       capture_output=True, cwd=REPO, env=env)
         out[fmt] = np.load(path)
     for version in (1, 2):
         nhwc, nchw = out["channels_last"][f"v{version}"], out["channels_first"][f"v{version}"]

@@ -40,6 +40,11 @@ def write_records(data_dir: str, sizes: dict, seed: int = 0) -> dict:
     return rows
 
 
+def checkpoint_step(checkpoint: str) -> int:
+    """The global step in a checkpoint path (``.../model.ckpt-12`` -> 12)."""
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
 @pytest.fixture(scope="session")
 def tiny_records(tmp_path_factory):
     """A data dir with 96 train, 16 validation and 37 eval records (37: a partial last batch)."""
@@ -48,10 +53,14 @@ def tiny_records(tmp_path_factory):
     return data_dir, rows
 
 
-def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: int = 300
-               ) -> subprocess.CompletedProcess:
-    """Runs ``python -m module args`` in a fresh process; returns the completed process."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}  # never a stray cluster
+def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: int = 300,
+               env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` in a fresh process; returns the completed process.
+
+    The process gets ``env`` (default: this one's environment) plus ``env_extra``.
+    """
+    base = os.environ if env is None else env
+    env = {k: v for k, v in base.items() if k != "TF_CONFIG"}  # never a stray cluster
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=env)
