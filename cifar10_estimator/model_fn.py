@@ -29,7 +29,7 @@ class ModelSettings:
     weight_decay: float = 2e-4
     momentum: float = 0.9
     learning_rate: float = 0.1
-    lr_boundary_epochs: Sequence[int] = (82, 123, 300)
+    lr_boundary_epochs: Sequence[float] = (82, 123, 300)
     lr_decay_factors: Sequence[float] = (1.0, 0.1, 0.01, 0.002)
     # Global steps per epoch = train records // (worker batch x workers); drives the schedule.
     steps_per_epoch: int = 1
@@ -54,11 +54,27 @@ def learning_rate_schedule(global_step: tf.Tensor, s: ModelSettings) -> tf.Tenso
     return tf.compat.v1.train.piecewise_constant(global_step, boundaries, values)
 
 
-def _tower(images, labels, is_training, s: ModelSettings):
+def batch_norm_decay_schedule(global_step: tf.Tensor, decay: float) -> tf.Tensor:
+    """The batch-norm moving-average decay at this step: min(decay, (1 + t) / (10 + t)).
+
+    The moving statistics start at mean 0 and variance 1. With a fixed decay of 0.997 they
+    still hold 0.997^t of those start values after t steps (15 % after 624 steps), which
+    ruins evaluation after short runs on images whose activations are far from that start
+    (e.g. mostly black pictures); CIFAR's zero-centred inputs hide it. A decay that grows with
+    the step, as ``tf.compat.v1.train.ExponentialMovingAverage`` does with ``num_updates``,
+    forgets the start values within a few steps and equals ``decay`` from t = (10 decay - 1)
+    / (1 - decay) on (2,990 steps for 0.997), so long runs are unchanged.
+    """
+    t = tf.cast(global_step, tf.float32)
+    return tf.minimum(tf.constant(decay, tf.float32), (1.0 + t) / (10.0 + t),
+                      name="batch_norm_decay")
+
+
+def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
     logits = resnet.resnet_cifar(
         images, is_training=is_training, num_layers=s.num_layers, version=s.resnet_version,
-        data_format=s.data_format, batch_norm_decay=s.batch_norm_decay,
+        data_format=s.data_format, batch_norm_decay=bn_decay,
         batch_norm_epsilon=s.batch_norm_epsilon, num_classes=cifar10.NUM_CLASSES,
         compute_dtype=tf.as_dtype(s.compute_dtype))
     if labels is None:
@@ -91,13 +107,19 @@ def make_model_fn(s: ModelSettings):
         label_shards = (towers.split_batch(labels, len(devices)) if labels is not None
                         else [None] * len(devices))
 
+        bn_decay = s.batch_norm_decay
+        if is_training:
+            with tf.compat.v1.device(consolidation):
+                bn_decay = batch_norm_decay_schedule(
+                    tf.compat.v1.train.get_or_create_global_step(), s.batch_norm_decay)
+
         tower_logits, tower_xent, tower_grads, tower_losses = [], [], [], []
         update_ops = []
         for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
             with tf.compat.v1.variable_scope("resnet", reuse=i > 0):
                 with tf.name_scope(f"tower_{i}") as scope:
                     with tf.compat.v1.device(setter):
-                        logits, xent, l2 = _tower(x, y, is_training, s)
+                        logits, xent, l2 = _tower(x, y, is_training, s, bn_decay)
                         tower_logits.append(logits)
                         if xent is None:
                             continue

@@ -131,7 +131,7 @@ class _Builder:
 
 
 def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, version: int = 1,
-                 data_format: str = "channels_last", batch_norm_decay: float = 0.997,
+                 data_format: str = "channels_last", batch_norm_decay=0.997,
                  batch_norm_epsilon: float = 1e-5, num_classes: int = 10,
                  compute_dtype: tf.DType = tf.float32) -> tf.Tensor:
     """Builds the ResNet forward pass.
@@ -142,7 +142,9 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
       num_layers: depth, 6n+2.
       version: 1 (post-activation, the paper's CIFAR model) or 2 (pre-activation).
       data_format: compute layout; 'channels_first' (NCHW) suits GPUs, 'channels_last' CPUs.
-      batch_norm_decay, batch_norm_epsilon: batch-norm moving-average decay and epsilon.
+      batch_norm_decay: batch-norm moving-average decay, a float or a scalar float32 tensor
+        (the model_fn's decay grows with the step in early training).
+      batch_norm_epsilon: batch-norm epsilon.
       num_classes: width of the logits.
       compute_dtype: tf.float32, or tf.bfloat16 for reduced-precision convolutions (variables
         and the returned logits stay float32).

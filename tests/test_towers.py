@@ -63,7 +63,8 @@ def test_averaged_gradient_of_two_cpu_towers_equals_mean_of_per_shard_gradients(
         for lo, hi in ((0, 4), (4, 8)):
             with tf.compat.v1.variable_scope("resnet", reuse=True):
                 _, xent, l2 = model_fn_lib._tower(tf.constant(images[lo:hi]),
-                                                  tf.constant(labels[lo:hi]), True, settings)
+                                                  tf.constant(labels[lo:hi]), True, settings,
+                                                  settings.batch_norm_decay)
             reference.append(tf.gradients(tf.reduce_mean(xent) + l2, params))
         tower1_ops = [op for op in graph.get_operations() if op.name.startswith("resnet_1/tower_1/")
                       and op.type == "Conv2D"]
