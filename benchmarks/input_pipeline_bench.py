@@ -1,23 +1,25 @@
-"""Images/s of the training input pipeline alone (read, shuffle, parse, augment, batch).
+"""Images/s of the input pipeline alone (read, shuffle, parse, augment, batch).
 
 Iterates ``Cifar10DataSet('train', use_distortion=True).make_batch(128)`` over the sample data
 with nothing else running and prints the median of several timed passes next to a training
 step's consumption (``--consumption``, images/s, from ``train_throughput.py``), so the margin
 is visible. The pipeline should outrun training by a wide factor: on two cores every cycle it
-spends is taken from the training step.
+spends is taken from the training step. ``--subset eval`` times the evaluation pipeline (one
+ordered pass, repeated to ``--batches`` batches per run) instead.
 
     python benchmarks/input_pipeline_bench.py --batches 400 --runs 5 --consumption 900
+    python benchmarks/input_pipeline_bench.py --subset eval --batch-size 100 --runs 5
 """
 
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine_line
+from sample_records import make_sample_records
 
 
 def main() -> None:
@@ -27,12 +29,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--consumption", type=float, default=None,
                         help="images/s a training step consumes, for the ratio")
+    parser.add_argument("--subset", choices=("train", "eval"), default="train")
     args = parser.parse_args()
+    print_machine_line()
 
     work = tempfile.mkdtemp(prefix="c10pipe.")
-    data_dir = os.path.join(work, "data")
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
-                    "--data-dir", data_dir, "--sample"], check=True, capture_output=True)
+    data_dir = make_sample_records(work)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -40,6 +42,16 @@ def main() -> None:
 
     rates = []
     for run in range(args.runs):
+        if args.subset == "eval":
+            ds = Cifar10DataSet(data_dir, "eval", use_distortion=False).make_batch(
+                args.batch_size)
+            start, images = time.perf_counter(), 0
+            while images < args.batches * args.batch_size:
+                for features, labels in ds:  # whole passes, as evaluations make
+                    images += int(labels.shape[0])
+            rates.append(images / (time.perf_counter() - start))
+            print(f"run {run + 1}: {rates[-1]:.0f} images/s", file=sys.stderr, flush=True)
+            continue
         ds = Cifar10DataSet(data_dir, "train", use_distortion=True).make_batch(args.batch_size)
         iterator = iter(ds)
         for _ in range(20):  # fill the shuffle buffer and warm the parallel map
@@ -51,7 +63,8 @@ def main() -> None:
         rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
         print(f"run {run + 1}: {rates[-1]:.0f} images/s", file=sys.stderr, flush=True)
     median = statistics.median(rates)
-    print(f"\ninput pipeline (train, distortion on, batch {args.batch_size}): "
+    what = "train, distortion on" if args.subset == "train" else "eval, one ordered pass"
+    print(f"\ninput pipeline ({what}, batch {args.batch_size}): "
           f"median {median:,.0f} images/s over {args.runs} runs "
           f"(min {min(rates):,.0f}, max {max(rates):,.0f}); TF {tf.__version__}, "
           f"{os.cpu_count()} cores")

@@ -24,7 +24,22 @@ from cifar10_estimator import cifar10
 from cifar10_estimator.errors import UserError
 
 PAD = 4  # pixels of zero padding before the random crop (He et al. 2015, section 4.2)
-IN_FLIGHT_BATCHES = 2  # training batches parsed and augmented ahead of the step
+IN_FLIGHT_BATCHES = 2  # batches parsed (and augmented) ahead of the step, training and eval
+
+
+def _without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Switches tf.data's autotuning off for a pipeline whose parallelism is fixed.
+
+    With autotuning on, every iterator starts a model thread (``Model::OptimizeLoop``) that
+    sleeps on a timer doubling up to 60 s; in TF 2.15 the iterator's destruction can signal it
+    before the cancellation is marked (a lost wake-up), and ``Session.close`` then waits out
+    the rest of the period: 10-60 s between the end of training and the export, in some runs,
+    growing with training time. These pipelines set no AUTOTUNE value, so the thread has
+    nothing to tune; without it the close is immediate (benchmarks/end_of_training_bench.py).
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -124,8 +139,9 @@ class Cifar10DataSet:
 
         # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone
         # makes ~75,000 images/s on 2 cores, the step consumes ~1,000 (benchmarks/).
-        return batches.enumerate().map(parse, num_parallel_calls=IN_FLIGHT_BATCHES,
-                                       deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES)
+        return _without_autotuning(
+            batches.enumerate().map(parse, num_parallel_calls=IN_FLIGHT_BATCHES,
+                                    deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES))
 
     def _evaluation_batches(self, records, batch_size):
         def parse(serialized):
@@ -141,5 +157,8 @@ class Cifar10DataSet:
                      "weight": tf.ensure_shape(weight, [batch_size])},
                     tf.ensure_shape(labels, [batch_size]))
 
-        return records.batch(batch_size).map(
-            parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        # Whole batches are parsed by one vectorised map, so two in flight keep the eval step
+        # fed as they do the training step (benchmarks/input_pipeline_bench.py --subset eval).
+        return _without_autotuning(
+            records.batch(batch_size).map(parse, num_parallel_calls=IN_FLIGHT_BATCHES)
+            .prefetch(IN_FLIGHT_BATCHES))
