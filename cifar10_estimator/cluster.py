@@ -9,7 +9,8 @@ trainer command line (``python -m cifar10_estimator`` + everything after ``--``)
 
 - ``--num-workers N`` training tasks in all: task ``chief`` and ``worker`` 0..N-2;
 - ``--num-ps M`` parameter servers ``ps`` 0..M-1 (at least one: workers share variables there);
-- ``--evaluator``: one ``evaluator`` task, outside the cluster spec as Estimator requires.
+- ``--evaluator``: one ``evaluator`` task. It is left out of the cluster spec (it serves
+  nothing); Estimator also accepts it listed there, as Kubeflow's operator lists it.
 
 Each task's output is streamed with a ``[chief]``, ``[worker0]``, ``[ps0]``, ``[evaluator]``
 prefix. When a task fails, every other task is stopped and the launcher exits 1. Training is

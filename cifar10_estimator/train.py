@@ -8,8 +8,10 @@ Rerunning with the same job dir resumes from the latest checkpoint there.
 In a cluster (``TF_CONFIG`` with a ``cluster``) the role decides: a ``ps`` serves variables
 until the training tasks are done (``distributed.run_parameter_server``); ``chief`` and
 ``worker`` train against the parameter servers, asynchronously or with ``--sync``; an
-``evaluator`` (outside the cluster spec, as Estimator requires) evaluates each new checkpoint
-in the shared job dir and exits after the one at ``--train-steps``. Only the chief saves
+``evaluator`` evaluates new checkpoints in the shared job dir and exits right after the one at
+``--train-steps`` (``evaluator.evaluate_checkpoints``; Estimator's own evaluator loop would
+sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in the cluster, as
+Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the chief saves
 checkpoints and exports.
 """
 
@@ -19,7 +21,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, distributed, export, guards, towers
+from cifar10_estimator import cifar10, distributed, evaluator, export, guards, towers
 from cifar10_estimator.config import TrainConfig
 from cifar10_estimator.dataset import Cifar10DataSet
 from cifar10_estimator.errors import UserError
@@ -132,8 +134,9 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
 
 def _log_role(rc: tf.estimator.RunConfig, cluster: dict, config: TrainConfig) -> None:
     if rc.task_type == "evaluator":
-        log.info("role: evaluator (outside the training cluster): evaluates each new "
-                 "checkpoint in %s until global step %d", config.job_dir, config.train_steps)
+        log.info("role: evaluator: evaluates new checkpoints in %s (at most every %d s while "
+                 "training runs) and the final one, at global step %d, at once",
+                 config.job_dir, config.eval_throttle_secs, config.train_steps)
     elif cluster:
         log.info("role: %s %d of the cluster %s; %d training task(s), %d ps, %s updates",
                  rc.task_type, rc.task_id, distributed.describe(cluster),
@@ -191,12 +194,24 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
     if latest and rc.is_chief:  # only the chief restores; others use the ps or evaluate
         log.info("resuming from %s", latest)
     estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
+    train_hooks = []
+    if in_cluster:
+        train_hooks.append(distributed.ParameterServerWatchdog(
+            {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))},
+            config.cluster_timeout_secs,
+            "start it again on the same address and rerun the tasks that stopped with the "
+            "same flags: the chief resumes from the latest checkpoint in --job-dir"))
     train_spec = tf.estimator.TrainSpec(
         lambda: train_data.make_batch(config.train_batch_size, seed=config.seed),
-        max_steps=config.train_steps)
+        max_steps=config.train_steps, hooks=train_hooks)
     eval_spec = tf.estimator.EvalSpec(
         lambda: eval_data.make_batch(config.eval_batch_size),
         steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs)
+    if rc.task_type == "evaluator":
+        with guards.training_errors(config.data_dir, config.job_dir):
+            metrics = evaluator.evaluate_checkpoints(
+                estimator, eval_spec.input_fn, config.train_steps, config.eval_throttle_secs)
+        return TrainResult(metrics, None)
     try:
         with guards.training_errors(config.data_dir, config.job_dir):
             result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cifar10_estimator import cifar10
+from cifar10_estimator.evaluator import checkpoint_step  # noqa: F401  (for the tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ResNet-8, batch 8: the smallest network with every kind of block (stride and channel
@@ -38,11 +39,6 @@ def write_records(data_dir: str, sizes: dict, seed: int = 0) -> dict:
                 writer.write(cifar10.encode_example(image.tobytes(), int(label)))
         rows[split] = (images, labels)
     return rows
-
-
-def checkpoint_step(checkpoint: str) -> int:
-    """The global step in a checkpoint path (``.../model.ckpt-12`` -> 12)."""
-    return int(checkpoint.rsplit("-", 1)[1])
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,280 @@
+"""Clusters in the field: default cadence flags, operator-style TF_CONFIG, tasks that die.
+
+Real processes on 127.0.0.1, each started as Kubeflow's operator starts a replica: the same
+command with its own TF_CONFIG, which lists every replica type (the evaluator included) and
+the ``"environment": "cloud"`` key. Tasks are killed with SIGKILL and started again with the
+same command, as Kubernetes recreates a pod.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+from cifar10_estimator import cluster, evaluator
+from cifar10_estimator.dataset import Cifar10DataSet
+from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
+
+_EVAL = re.compile(r"Saving dict for global step (\d+):")
+_CHECKPOINT = re.compile(r"Saving checkpoints for (\d+) ")
+
+
+def operator_tf_configs(with_evaluator: bool = True) -> dict[str, str]:
+    """TF_CONFIG per task as kubeflow/training-operator writes it (genTFConfigJSONStr)."""
+    names = ["chief", "worker", "ps"] + (["evaluator"] if with_evaluator else [])
+    ports = cluster.free_ports(len(names))
+    spec = {job: [f"127.0.0.1:{port}"] for job, port in zip(names, ports)}
+    return {job: json.dumps({"cluster": spec, "task": {"type": job, "index": 0},
+                             "environment": "cloud"}) for job in names}
+
+
+class Task:
+    """One replica: a process with its own TF_CONFIG and a log file, restartable."""
+
+    def __init__(self, name: str, tf_config: str, args: list[str], log_dir):
+        self.name, self.tf_config, self.args = name, tf_config, args
+        self.log = log_dir / f"{name}.log"
+        self.process = None
+        self.exited_at = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env.update(TF_CONFIG=self.tf_config, PYTHONUNBUFFERED="1")
+        with open(self.log, "a") as log:
+            log.write(f"---- start {time.monotonic():.3f}\n")
+            log.flush()
+            self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator",
+                                             *self.args], env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=REPO)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def poll(self):
+        code = self.process.poll()
+        if code is not None and self.exited_at is None:
+            self.exited_at = time.monotonic()
+        return code
+
+
+def _wait_all(tasks: list[Task], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(t.poll() is None for t in tasks):
+        time.sleep(0.2)
+    for t in tasks:
+        t.poll()
+
+
+def _stop_all(tasks: list[Task]) -> None:
+    for t in tasks:
+        if t.process and t.process.poll() is None:
+            t.process.kill()
+            t.process.wait()
+
+
+def _wait_for(predicate, what: str, tasks: list[Task], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen:\n" +
+                         "\n".join(f"== {t.name}\n{t.text()[-1500:]}" for t in tasks))
+
+
+def _checkpoints_saved(task: Task) -> list[int]:
+    return [int(v) for v in _CHECKPOINT.findall(task.text())]
+
+
+def _flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
+    return ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, *extra]
+
+
+def _exported(job_dir: str) -> list[str]:
+    return os.listdir(os.path.join(job_dir, "export"))
+
+
+def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_checkpoint(
+        tiny_records, tmp_path):
+    # Default cadence: checkpoints every 600 s, evaluations at most every 600 s, workers
+    # staggered by Estimator's rule. Estimator's own evaluator loop slept 600 s here.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    configs = operator_tf_configs()
+    flags = _flags(data_dir, job_dir, "--train-steps", "60")
+    tasks = [Task("ps", configs["ps"], [], tmp_path), Task("chief", configs["chief"], flags,
+                                                            tmp_path),
+             Task("worker", configs["worker"], flags, tmp_path),
+             Task("evaluator", configs["evaluator"], flags, tmp_path)]
+    try:
+        for t in tasks:
+            t.start()
+        _wait_all(tasks, timeout=150)
+    finally:
+        _stop_all(tasks)
+    for t in tasks:
+        assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
+        assert "Traceback" not in t.text(), t.text()[-3000:]
+    final = checkpoint_step(tf.train.latest_checkpoint(job_dir))
+    assert final >= 60
+    ev = tasks[3].text()
+    assert [int(v) for v in _EVAL.findall(ev)][-1] == final
+    assert f"final evaluation at step {final}" in ev
+    assert len(_exported(job_dir)) == 1
+    chief, ps, ev_task = tasks[1], tasks[0], tasks[3]
+    # Every task exits by itself, within seconds of the chief (not a 600 s throttle later).
+    assert ev_task.exited_at - chief.exited_at < 30
+    assert ps.exited_at - chief.exited_at < 30
+    assert "role: chief 0 of the cluster" in chief.text()
+
+
+def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_records, tmp_path):
+    # As with --keep-checkpoint-max: the chief deletes an old checkpoint just after the
+    # evaluator found it and before it restored it. Here the evaluation's input_fn does the
+    # deleting (it runs between those two moments), then "the chief" writes the final one.
+    data_dir, _ = tiny_records
+    source = str(tmp_path / "source")
+    from cifar10_estimator import main
+
+    main.run(_flags(data_dir, source, "--train-steps", "4", "--save-checkpoints-steps", "2",
+                    "--eval-throttle-secs", "100000"))
+    job_dir = str(tmp_path / "job")
+    os.makedirs(job_dir)
+
+    def copy_checkpoint(step: int) -> None:
+        for path in tf.io.gfile.glob(os.path.join(source, f"model.ckpt-{step}.*")):
+            tf.io.gfile.copy(path, os.path.join(job_dir, os.path.basename(path)))
+        tf.compat.v1.train.update_checkpoint_state(
+            job_dir, os.path.join(job_dir, f"model.ckpt-{step}"))
+
+    copy_checkpoint(2)
+    eval_data = Cifar10DataSet(data_dir, "eval", use_distortion=False)
+    calls = []
+
+    def input_fn():
+        calls.append(tf.train.latest_checkpoint(job_dir))
+        if len(calls) == 1:
+            for path in tf.io.gfile.glob(os.path.join(job_dir, "model.ckpt-2.*")):
+                tf.io.gfile.remove(path)
+            copy_checkpoint(4)
+        return eval_data.make_batch(8)
+
+    from cifar10_estimator import train
+    from cifar10_estimator.config import TrainConfig
+
+    config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
+                         train_batch_size=8, eval_batch_size=8)
+    settings = train.model_settings(config, 1, False, 96)
+    from cifar10_estimator.model_fn import make_model_fn
+
+    estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
+    metrics = evaluator.evaluate_checkpoints(estimator, input_fn, train_steps=4,
+                                             throttle_secs=600, poll_secs=0.05)
+    assert metrics["global_step"] == 4
+    assert len(calls) == 2  # the deleted checkpoint was skipped, the final one evaluated
+
+
+def _cluster(tmp_path, flags: list[str], with_evaluator: bool) -> list[Task]:
+    configs = operator_tf_configs(with_evaluator)
+    tasks = [Task("ps", configs["ps"], ["--cluster-timeout-secs", "60"], tmp_path),
+             Task("chief", configs["chief"], flags, tmp_path),
+             Task("worker", configs["worker"], flags, tmp_path)]
+    if with_evaluator:
+        tasks.append(Task("evaluator", configs["evaluator"], flags, tmp_path))
+    return tasks
+
+
+def test_a_parameter_server_killed_and_restarted_mid_run_the_job_still_finishes(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    flags = _flags(data_dir, job_dir, "--train-steps", "800", "--save-checkpoints-steps", "100",
+                   "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "60")
+    tasks = _cluster(tmp_path, flags, with_evaluator=False)
+    ps, chief, worker = tasks
+    try:
+        for t in tasks:
+            t.start()
+        _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+        assert chief.poll() is None, "training ended before the kill"
+        ps.kill()
+        time.sleep(1)
+        ps.start()  # same command, same address: what Kubernetes does with the pod
+        _wait_all(tasks, timeout=180)
+    finally:
+        _stop_all(tasks)
+    for t in tasks:
+        assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 800
+    # The chief put the latest checkpoint back into the new parameter server.
+    assert chief.text().count("Restoring parameters from") >= 2, chief.text()[-3000:]
+    assert "parameter server 0: training finished, exiting" in ps.text()
+    assert len(_exported(job_dir)) == 1
+
+
+def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees_the_end(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    flags = _flags(data_dir, job_dir, "--train-steps", "1200", "--save-checkpoints-steps",
+                   "100", "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "60",
+                   "--eval-throttle-secs", "5")
+    tasks = _cluster(tmp_path, flags, with_evaluator=True)
+    ps, chief, worker, ev = tasks
+    try:
+        for t in tasks:
+            t.start()
+        _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+        chief.kill()
+        killed_at = max(_checkpoints_saved(chief))
+        chief.start()  # rerun the same command
+        _wait_for(lambda: chief.text().count("Saving checkpoints for") >= 4,
+                  "checkpoints of the restarted chief", tasks)
+        worker.kill()
+        worker.start()
+        _wait_all(tasks, timeout=240)
+    finally:
+        _stop_all(tasks)
+    for t in tasks:
+        assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
+    final = checkpoint_step(tf.train.latest_checkpoint(job_dir))
+    assert final >= 1200
+    assert f"resuming from {job_dir}/model.ckpt-{killed_at}" in chief.text()
+    # The restarted worker rejoined and trained (its second run logs its own steps).
+    second_run = worker.text().split("---- start")[-1]
+    ran = re.search(r"this task ran (\d+) training steps", second_run)
+    assert ran and int(ran.group(1)) > 0, second_run[-3000:]
+    assert f"final evaluation at step {final}" in ev.text()
+    assert len(_exported(job_dir)) == 1
+
+
+def test_a_parameter_server_that_never_comes_back_ends_every_trainer_with_one_line(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    flags = _flags(data_dir, job_dir, "--train-steps", "100000", "--save-checkpoints-steps",
+                   "100", "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "5")
+    tasks = _cluster(tmp_path, flags, with_evaluator=False)
+    ps, chief, worker = tasks
+    try:
+        for t in tasks:
+            t.start()
+        _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+        ps.kill()
+        _wait_all([chief, worker], timeout=90)
+    finally:
+        _stop_all(tasks)
+    for t in (chief, worker):
+        assert t.process.returncode == 1, f"{t.name}:\n{t.text()[-3000:]}"
+        lines = [line for line in t.text().splitlines() if "lost ps:0" in line]
+        assert len(lines) == 1, t.text()[-3000:]
+        assert "(--cluster-timeout-secs)" in lines[0] and "start it again" in lines[0]

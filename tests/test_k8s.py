@@ -1,0 +1,91 @@
+"""The Kubernetes manifest: valid for the operator, and true to how the package behaves there."""
+
+import copy
+import json
+import os
+
+import jsonschema
+import pytest
+import yaml
+
+from cifar10_estimator import main
+from trainer_fixtures import REPO
+
+MANIFEST = os.path.join(REPO, "k8s", "tfjob.yaml")
+SCHEMA = os.path.join(REPO, "k8s", "tfjob.schema.json")
+
+
+@pytest.fixture(scope="module")
+def tfjob() -> dict:
+    with open(MANIFEST) as f:
+        documents = [d for d in yaml.safe_load_all(f) if d]
+    jobs = [d for d in documents if d.get("kind") == "TFJob"]
+    assert len(jobs) == 1
+    return jobs[0]
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft202012Validator:
+    with open(SCHEMA) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_the_manifest_is_a_valid_tfjob(tfjob, validator):
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(tfjob)]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("path,value", [
+    (("spec", "runPolicy", "cleanPodPolicy"), "Sometimes"),
+    (("spec", "tfReplicaSpecs", "PS", "restartPolicy"), "OnExit"),
+    (("spec", "runPolicy", "cleanPodPolicyy"), "None"),  # a misspelt key
+    (("spec", "tfReplicaSpecs", "Evaluater"), {"template": {"spec": {"containers": []}}}),
+])
+def test_the_schema_refuses_what_the_operator_would_not_take(tfjob, validator, path, value):
+    broken = copy.deepcopy(tfjob)
+    node = broken
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert list(validator.iter_errors(broken))
+
+
+def test_the_job_ends_the_way_the_package_needs(tfjob):
+    run_policy = tfjob["spec"]["runPolicy"]
+    # Running would delete the evaluator during its final evaluation once the chief succeeds.
+    assert run_policy["cleanPodPolicy"] == "None"
+    assert "backoffLimit" not in run_policy  # not applied to ExitCode restarts (#2045)
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    assert set(specs) == {"Chief", "Worker", "PS", "Evaluator"}
+    for name, spec in specs.items():
+        # Signals (>= 128) restart the pod; our user errors (2) and lost-ps exits (1) fail
+        # the job instead of looping.
+        assert spec["restartPolicy"] == "ExitCode", name
+
+
+def _container(spec: dict) -> dict:
+    return next(c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow")
+
+
+def test_every_replica_runs_the_trainer_with_flags_it_accepts(tfjob):
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    parser = main.build_parser()
+    trainer_args = None
+    for name, spec in specs.items():
+        container = _container(spec)
+        assert container["command"] == ["python", "-m", "cifar10_estimator"], name
+        args = parser.parse_args(container["args"])  # exits on an unknown or bad flag
+        if name == "PS":
+            assert args.data_dir is None and args.job_dir is None  # a ps needs no data
+            continue
+        # Trainers and the evaluator share data, job dir and model flags, and the volume.
+        if trainer_args is None:
+            trainer_args = container["args"]
+        assert container["args"] == trainer_args, name
+        assert args.job_dir.startswith("/shared/") and args.data_dir.startswith("/shared/")
+        mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        assert "/shared" in mounts, name
+        assert 2222 in [p["containerPort"] for p in container.get("ports", [])] or \
+            name == "Evaluator", name
