@@ -6,8 +6,8 @@ A pickle can name any importable callable, so loading an untrusted one with ``pi
 run code. ``load_batch`` therefore uses an unpickler whose ``find_class`` admits only the few
 names a numpy array needs, and then checks that the content is what a CIFAR batch holds.
 
-``dumps_py2`` writes pickles with the same opcodes Python 2's ``cPickle`` produced, so the
-built-in sample data (``sample_data``) travels exactly the loader path real CIFAR-10 files do.
+``dumps_py2`` writes pickles with the opcodes Python 2's ``cPickle`` used, so the built-in sample
+data (``sample_data``) travels exactly the loader path real CIFAR-10 files do.
 """
 
 
@@ -172,200 +172,38 @@ def load_batch(path: str) -> Batch:
     return validate_batch(load_pickle(path), path)
 
 
-# --- Writer: pickles as Python 2's cPickle did at protocol 2 ----------------------------------
-# Opcodes of pickle protocol 2 (Lib/pickletools.py documents each one).
-_PROTO2 = b"\x80\x02"
-_STOP = b"."
-_MARK = b"("
-_NONE = b"N"
-_TRUE, _FALSE = b"\x88", b"\x89"
-_BININT1, _BININT2, _BININT, _LONG1 = b"K", b"M", b"J", b"\x8a"
-_BINFLOAT = b"G"
-_SHORT_BINSTRING, _BINSTRING = b"U", b"T"
-_EMPTY_TUPLE, _TUPLE = b")", b"t"
-_TUPLE_N = {1: b"\x85", 2: b"\x86", 3: b"\x87"}
-_EMPTY_LIST, _APPEND, _APPENDS = b"]", b"a", b"e"
-_EMPTY_DICT, _SETITEM, _SETITEMS = b"}", b"s", b"u"
-_GLOBAL, _REDUCE, _BUILD = b"c", b"R", b"b"
-_BINPUT, _LONG_BINPUT, _BINGET, _LONG_BINGET = b"q", b"r", b"h", b"j"
-# Python 2's pickler wrote list items and dict entries in runs of 1,000 (pickle.py _BATCHSIZE).
-_BATCHSIZE = 1000
+# --- Writer: pickles with the opcodes Python 2 wrote --------------------------------------------
 
+class _Py2StylePickler(pickle._Pickler):
+    """Protocol 2, with ``str`` and ``bytes`` written as Python 2 ``str`` (a byte string).
 
-class _Py2Pickler:
-    """Emits what Python 2.7's ``cPickle.dump(obj, f, 2)`` wrote for CIFAR-like objects.
-
-    Python 2 ``str`` is a byte string: text and bytes are both written as SHORT_BINSTRING /
-    BINSTRING. Like cPickle, memo slots count from 1, and objects that were temporaries in
-    cPickle (tuples, the strings inside numpy's ``__reduce__`` values) are not memoized.
+    Python 3's pickler already writes protocol 2 with the opcodes Python 2 used, except for
+    text (BINUNICODE) and bytes (``_codecs.encode`` at protocol 2); a CIFAR file has only byte
+    strings (SHORT_BINSTRING / BINSTRING), which ``encoding='bytes'`` reads back as ``bytes``.
     """
 
-    def __init__(self) -> None:
-        self.out: list[bytes] = []
-        self.memo: dict[Any, int] = {}
-        self._alive: list[Any] = []  # keeps memoized objects alive so their id()s stay unique
+    dispatch = dict(pickle._Pickler.dispatch)
 
-    def _put(self, key: Any, obj: Any) -> None:
-        index = len(self.memo) + 1
-        self.memo[key] = index
-        self._alive.append(obj)
-        self.out.append(_BINPUT + bytes([index]) if index < 256
-                        else _LONG_BINPUT + struct.pack("<I", index))
-
-    def _get_memo(self, key: Any) -> bool:
-        index = self.memo.get(key)
-        if index is None:
-            return False
-        self.out.append(_BINGET + bytes([index]) if index < 256
-                        else _LONG_BINGET + struct.pack("<I", index))
-        return True
-
-    def _string(self, value: bytes, memoize: bool = True) -> None:
-        if memoize and self._get_memo(("str", value)):
-            return
-        if len(value) < 256:
-            self.out.append(_SHORT_BINSTRING + bytes([len(value)]) + value)
+    def _save_byte_string(self, obj: str | bytes) -> None:
+        data = obj if isinstance(obj, bytes) else obj.encode("ascii")  # Python 2 str: ASCII
+        if len(data) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)
         else:
-            self.out.append(_BINSTRING + struct.pack("<i", len(value)) + value)
-        if memoize:
-            self._put(("str", value), value)
+            self.write(pickle.BINSTRING + struct.pack("<i", len(data)) + data)
+        self.memoize(obj)
 
-    def _global(self, module: str, name: str) -> None:
-        key = ("global", module, name)
-        if not self._get_memo(key):
-            self.out.append(_GLOBAL + f"{module}\n{name}\n".encode("ascii"))
-            self._put(key, None)
-
-    def _int(self, value: int) -> None:
-        if 0 <= value < 0x100:
-            self.out.append(_BININT1 + bytes([value]))
-        elif 0 <= value < 0x10000:
-            self.out.append(_BININT2 + struct.pack("<H", value))
-        elif -(1 << 31) <= value < (1 << 31):
-            self.out.append(_BININT + struct.pack("<i", value))
-        else:  # a Python 2 long
-            n = (value.bit_length() + 8) // 8
-            self.out.append(_LONG1 + bytes([n]) + value.to_bytes(n, "little", signed=True))
-
-    def _tuple(self, items: tuple) -> None:
-        if not items:
-            self.out.append(_EMPTY_TUPLE)
-            return
-        if len(items) <= 3:
-            for item in items:
-                self.save(item)
-            self.out.append(_TUPLE_N[len(items)])
-            return
-        self.out.append(_MARK)
-        for item in items:
-            self.save(item)
-        self.out.append(_TUPLE)
-
-    def _dtype(self, dtype: np.dtype) -> None:
-        if self._get_memo(("dtype", dtype.str)):
-            return
-        if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biuf":
-            raise TypeError(f"cannot write numpy dtype {dtype} in the CIFAR pickle format")
-        # numpy's dtype.__reduce__ of the Python 2 era: dtype('u1', 0, 1) then state version 3
-        # (byte order, no subarray/names/fields, elsize/alignment -1, flags 0).
-        self._global("numpy", "dtype")
-        self._string(f"{dtype.kind}{dtype.itemsize}".encode("ascii"), memoize=False)
-        self._int(0)
-        self._int(1)
-        self.out.append(_TUPLE_N[3] + _REDUCE)
-        self._put(("dtype", dtype.str), dtype)
-        self.out.append(_MARK)
-        self._int(3)
-        self._string(dtype.byteorder.replace("=", "<").encode("ascii"), memoize=False)
-        self.out.append(_NONE * 3)
-        self._int(-1)
-        self._int(-1)
-        self._int(0)
-        self.out.append(_TUPLE + _BUILD)
-
-    def _ndarray(self, array: np.ndarray) -> None:
-        if self._get_memo(("id", id(array))):
-            return
-        # ndarray.__reduce__: _reconstruct(ndarray, (0,), 'b'), then __setstate__ with
-        # (version 1, shape, dtype, is_fortran False, raw C-order bytes).
-        self._global("numpy.core.multiarray", "_reconstruct")
-        self._global("numpy", "ndarray")
-        self._int(0)
-        self.out.append(_TUPLE_N[1])
-        self._string(b"b", memoize=False)
-        self.out.append(_TUPLE_N[3] + _REDUCE)
-        self._put(("id", id(array)), array)
-        self.out.append(_MARK)
-        self._int(1)
-        self._tuple(tuple(int(d) for d in array.shape))
-        self._dtype(array.dtype)
-        self.out.append(_FALSE)
-        self._string(np.ascontiguousarray(array).tobytes(), memoize=False)
-        self.out.append(_TUPLE + _BUILD)
-
-    def _batched(self, pairs: list, one: bytes, many: bytes, save_item) -> None:
-        for start in range(0, len(pairs), _BATCHSIZE):
-            chunk = pairs[start:start + _BATCHSIZE]
-            if len(chunk) == 1:
-                save_item(chunk[0])
-                self.out.append(one)
-            else:
-                self.out.append(_MARK)
-                for item in chunk:
-                    save_item(item)
-                self.out.append(many)
-
-    def save(self, obj: Any) -> None:
-        if obj is None:
-            self.out.append(_NONE)
-        elif isinstance(obj, (bool, np.bool_)):
-            self.out.append(_TRUE if obj else _FALSE)
-        elif isinstance(obj, (int, np.integer)):
-            self._int(int(obj))
-        elif isinstance(obj, (float, np.floating)):
-            self.out.append(_BINFLOAT + struct.pack(">d", float(obj)))
-        elif isinstance(obj, str):
-            # A Python 2 str: only ASCII is unambiguous.
-            self._string(obj.encode("ascii"))
-        elif isinstance(obj, bytes):
-            self._string(obj)
-        elif isinstance(obj, tuple):
-            self._tuple(obj)
-        elif isinstance(obj, list):
-            if self._get_memo(("id", id(obj))):
-                return
-            self.out.append(_EMPTY_LIST)
-            self._put(("id", id(obj)), obj)
-            self._batched(obj, _APPEND, _APPENDS, self.save)
-        elif isinstance(obj, dict):
-            if self._get_memo(("id", id(obj))):
-                return
-            self.out.append(_EMPTY_DICT)
-            self._put(("id", id(obj)), obj)
-
-            def save_pair(pair: tuple) -> None:
-                self.save(pair[0])
-                self.save(pair[1])
-
-            self._batched(list(obj.items()), _SETITEM, _SETITEMS, save_pair)
-        elif isinstance(obj, np.ndarray):
-            self._ndarray(obj)
-        else:
-            raise TypeError(f"cannot write {type(obj).__name__} in the CIFAR pickle format")
+    dispatch[str] = dispatch[bytes] = _save_byte_string
 
 
 def dumps_py2(obj: Any) -> bytes:
-    """Pickles dicts, lists, tuples, str/bytes, numbers and numpy arrays as Python 2 did.
+    """Pickles dicts, lists, str/bytes, numbers and numpy arrays with Python 2's opcodes.
 
-    The result has the opcodes of Python 2.7 ``cPickle.dumps(obj, 2)``: text as byte strings
-    (SHORT_BINSTRING / BINSTRING), arrays via ``numpy.core.multiarray._reconstruct``, no
-    ``_codecs.encode``. ``str`` values must be ASCII.
+    As in the real CIFAR files: protocol 2, text and bytes as byte strings, arrays through
+    ``numpy.core.multiarray._reconstruct``, no ``_codecs.encode``. ``str`` must be ASCII.
     """
-    pickler = _Py2Pickler()
-    pickler.out.append(_PROTO2)
-    pickler.save(obj)
-    pickler.out.append(_STOP)
-    return b"".join(pickler.out)
+    buffer = io.BytesIO()
+    _Py2StylePickler(buffer, protocol=2).dump(obj)
+    return buffer.getvalue()
 
 
 def load_label_names(path: str) -> tuple[str, ...] | None:

@@ -83,6 +83,7 @@ class Source(NamedTuple):
     splits: dict[str, list[batches.Batch]]
     description: str
     label_names: tuple[str, ...] | None = None  # from batches.meta, when it has them
+    dataset: str = "cifar10"  # the metadata's name for it: cifar10, cifar100-fine, ...
 
 
 def load_source(data_dir: str, source_url: str = DEFAULT_URL, source_md5: str = DEFAULT_MD5,
@@ -127,7 +128,7 @@ def write_tfrecords(source: Source, output_dir: str,
     for path in finals:
         if os.path.isdir(path):
             raise UserError(f"{path} is a folder; remove it so that the records can be written")
-    counts: dict[str, int] = {}
+    facts: dict[str, cifar10.SplitFacts] = {}
     with _all_or_nothing(finals) as temps:
         for split, final, tmp in zip(splits, finals, temps):
             log(f"Generating {final} from {', '.join(cifar10.SPLITS[split])}")
@@ -137,10 +138,12 @@ def write_tfrecords(source: Source, output_dir: str,
                     for image, label in zip(batch.data, batch.labels.tolist()):
                         writer.write(cifar10.encode_example(image.tobytes(), label))
                     count += len(batch.labels)
-            counts[split] = count
+            # Size and SHA-256 of what was written, for the trainer's check before training.
+            facts[split] = cifar10.file_facts(tmp, count)
             log(f"  {split}: {count:,} records")
-    cifar10.write_metadata(output_dir, counts, source.description, source.label_names)
-    return counts
+    cifar10.write_metadata(output_dir, facts, source.description, source.label_names,
+                           source.dataset)
+    return {split: f.records for split, f in facts.items()}
 
 
 def generate_tfrecords(data_dir: str, output_dir: str | None = None,

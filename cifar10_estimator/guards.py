@@ -24,17 +24,19 @@ from cifar10_estimator.model_fn import NAN_LOSS_MESSAGE
 _BLOCK = re.compile(r"^resnet/stage(\d)/block(\d+)/")
 
 
-def checkpoint_model(checkpoint: str) -> Optional[tuple[int, int]]:
-    """(depth, version) of the ResNet in a checkpoint, from its variable names; None if none."""
-    names = [name for name, _ in tf.train.list_variables(checkpoint)]
-    blocks = {int(m.group(2)) for m in map(_BLOCK.match, names) if m and m.group(1) == "1"}
+def checkpoint_model(checkpoint: str) -> Optional[tuple[int, int, int]]:
+    """(depth, version, classes) of the ResNet in a checkpoint, from its variables; None if none."""
+    shapes = dict(tf.train.list_variables(checkpoint))
+    blocks = {int(m.group(2)) for m in map(_BLOCK.match, shapes) if m and m.group(1) == "1"}
     if not blocks:
         return None
-    version = 2 if "resnet/final_bn/gamma" in names else 1
-    return 6 * (max(blocks) + 1) + 2, version
+    version = 2 if "resnet/final_bn/gamma" in shapes else 1
+    classes = shapes.get("resnet/dense/bias", [cifar10.NUM_CLASSES])[0]
+    return 6 * (max(blocks) + 1) + 2, version, classes
 
 
-def check_job_dir(job_dir: str, num_layers: int, resnet_version: int) -> None:
+def check_job_dir(job_dir: str, num_layers: int, resnet_version: int,
+                  num_classes: int = cifar10.NUM_CLASSES) -> None:
     """Creates ``job_dir`` if needed; UserError if it is unusable or holds another model."""
     try:
         os.makedirs(job_dir, exist_ok=True)
@@ -58,11 +60,16 @@ def check_job_dir(job_dir: str, num_layers: int, resnet_version: int) -> None:
         raise UserError(f"--job-dir {job_dir} holds checkpoints of a different model "
                         f"({os.path.basename(latest)} has no CIFAR ResNet variables); use a "
                         f"new --job-dir")
-    if found != (num_layers, resnet_version):
+    if found[:2] != (num_layers, resnet_version):
         raise UserError(
             f"--job-dir {job_dir} holds checkpoints of a ResNet-{found[0]} v{found[1]}, but the "
             f"flags ask for ResNet-{num_layers} v{resnet_version}; resume with --num-layers "
             f"{found[0]} --resnet-version {found[1]}, or use a new --job-dir")
+    if found[2] != num_classes:
+        raise UserError(
+            f"--job-dir {job_dir} holds checkpoints of a model with {found[2]} classes, but "
+            f"the records in --data-dir have {num_classes}; use the --data-dir it was trained "
+            f"on, or a new --job-dir")
 
 
 def find_corrupt_record_file(data_dir: str) -> Optional[str]:

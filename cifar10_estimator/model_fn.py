@@ -40,6 +40,7 @@ class ModelSettings:
     sync: bool = False
     is_chief: bool = True
     compute_dtype: str = "float32"
+    num_classes: int = 10  # width of the logits: the dataset's class count (its metadata)
 
 
 def learning_rate_schedule(global_step: tf.Tensor, s: ModelSettings) -> tf.Tensor:
@@ -75,7 +76,7 @@ def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     logits = resnet.resnet_cifar(
         images, is_training=is_training, num_layers=s.num_layers, version=s.resnet_version,
         data_format=s.data_format, batch_norm_decay=bn_decay,
-        batch_norm_epsilon=s.batch_norm_epsilon, num_classes=cifar10.NUM_CLASSES,
+        batch_norm_epsilon=s.batch_norm_epsilon, num_classes=s.num_classes,
         compute_dtype=tf.as_dtype(s.compute_dtype))
     if labels is None:
         return logits, None, None

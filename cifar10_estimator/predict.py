@@ -74,8 +74,12 @@ def load_model(saved_model_dir: str):
     return model, signature
 
 
-def class_names(saved_model_dir: str) -> tuple[str, ...]:
-    """The export's class names (``assets.extra/class_names.txt``), else CIFAR-10's."""
+def class_names(saved_model_dir: str, num_classes: int) -> tuple[str, ...]:
+    """The export's class names (``assets.extra/class_names.txt``).
+
+    Falls back to CIFAR-10's names for a 10-class model without the file, and to
+    ``class 0``, ``class 1``, ... for any other model whose file is missing or does not match.
+    """
     from cifar10_estimator import cifar10
     from cifar10_estimator.export import CLASS_NAMES_FILE
 
@@ -83,8 +87,12 @@ def class_names(saved_model_dir: str) -> tuple[str, ...]:
         with open(os.path.join(saved_model_dir, CLASS_NAMES_FILE)) as f:
             names = tuple(line.strip() for line in f if line.strip())
     except (OSError, UnicodeDecodeError):
+        names = ()
+    if len(names) == num_classes:
+        return names
+    if num_classes == cifar10.NUM_CLASSES:
         return cifar10.CLASS_NAMES
-    return names if len(names) == cifar10.NUM_CLASSES else cifar10.CLASS_NAMES
+    return tuple(f"class {i}" for i in range(num_classes))
 
 
 def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3
@@ -95,8 +103,8 @@ def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3
 
     images = tf.stack([load_image(p) for p in image_paths])
     _, signature = load_model(saved_model_dir)
-    names = class_names(saved_model_dir)
     probabilities = signature(images=images)["probabilities"].numpy()
+    names = class_names(saved_model_dir, probabilities.shape[1])
     results = []
     for row in probabilities:
         best = np.argsort(-row)[:top]
@@ -107,14 +115,15 @@ def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3
 def _run(argv: Optional[Sequence[str]]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cifar10_estimator.predict",
-        description="Print the top CIFAR-10 classes of image files with an exported SavedModel.")
+        description="Print the top classes of image files with an exported SavedModel, with "
+                    "the class names of the dataset it was trained on.")
     parser.add_argument("--saved-model", required=True,
                         help="a SavedModel folder written by the trainer (JOB_DIR/export/<n>)")
     parser.add_argument("--top", type=int, default=3, help="classes to show per image")
     parser.add_argument("images", nargs="+", help="PNG/JPEG/GIF/BMP files of any size")
     args = parser.parse_args(argv)
-    if not 1 <= args.top <= 10:
-        raise UserError(f"--top must be between 1 and 10, got {args.top}")
+    if args.top < 1:
+        raise UserError(f"--top must be 1 or more, got {args.top}")
     logs.import_tensorflow_quietly(cpp_level="3")
     for path, ranked in zip(args.images, classify(args.saved_model, args.images, args.top)):
         shown = ", ".join(f"{name} {p:.1%}" for name, p in ranked)

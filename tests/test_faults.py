@@ -1,6 +1,7 @@
 """Faults and bad input, with real processes and signals: nothing lost, nothing executed,
 every error one clear line."""
 
+import json
 import os
 import random
 import re
@@ -14,6 +15,7 @@ import time
 import zlib
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from cifar10_estimator import cifar10, cpu, main
@@ -85,8 +87,11 @@ def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0xFF  # one flipped byte: a CRC mismatch mid-file
     open(path, "wb").write(bytes(data))
-    # With metadata the count is not re-read, so the damage is met inside training.
-    cifar10.write_metadata(data_dir, {"train": 96, "validation": 16, "eval": 37}, "test")
+    # Metadata of format 1 (an older generator: counts, no sizes or checksums): nothing to
+    # check before training, so the damage is met inside training.
+    with open(os.path.join(data_dir, cifar10.METADATA_FILENAME), "w") as f:
+        json.dump({"format": 1, "counts": {"train": 96, "validation": 16, "eval": 37},
+                   "source": "test", "label_names": list(cifar10.CLASS_NAMES)}, f)
     proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
                       str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "5")
     _one_line_error(proc, f"{path} is truncated or corrupt", "generate_tfrecords.py")
@@ -209,3 +214,66 @@ def test_generator_refuses_a_tarball_missing_a_batch(tmp_path, make_cifar_tarbal
     proc = run_generator_cli("--data-dir", str(tmp_path), "--source-md5", md5(archive))
     _one_line_error(proc, "data_batch_3")
     assert not list(tmp_path.glob("*.tfrecords"))
+
+
+def _record_starts(path: str) -> list[int]:
+    """Byte offsets where the records of a TFRecord file start (length, CRC, data, CRC)."""
+    starts, offset, data = [], 0, open(path, "rb").read()
+    while offset < len(data):
+        starts.append(offset)
+        (length,) = struct.unpack("<Q", data[offset:offset + 8])
+        offset += 8 + 4 + length + 4
+    return starts
+
+
+@pytest.mark.parametrize("cut", ["7 bytes into a record header", "inside a record",
+                                 "exactly between records"])
+def test_a_record_file_cut_short_is_refused_before_training(cut, tmp_path, capsys):
+    # TensorFlow's reader takes a partial header at the end for the end of the file, and a
+    # cut between records leaves a valid shorter file: both would train without a word.
+    from conftest import write_cifar_dir
+    from cifar10_estimator import generate
+
+    data_dir = str(tmp_path / "data")
+    write_cifar_dir(data_dir, images_per_batch=12)
+    generate.generate_tfrecords(data_dir, log=lambda _: None)
+    path = cifar10.record_path(data_dir, "train")
+    starts = _record_starts(path)
+    half = starts[len(starts) // 2]  # half the file gone
+    offset = {"7 bytes into a record header": half + 7, "inside a record": half + 12 + 100,
+              "exactly between records": half}[cut]
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+    job_dir = tmp_path / "job"
+    status = main.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
+                        "--train-steps", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert err[-1] == (
+        f"cifar10_estimator: error: {path} is {offset:,} bytes but the generator wrote "
+        f"{_written_size(data_dir):,} "
+        f"({cifar10.METADATA_FILENAME}): it is truncated or was replaced; regenerate it with "
+        f"{cifar10.GENERATOR_COMMAND}")
+    assert not job_dir.exists()
+
+
+def _written_size(data_dir: str) -> int:
+    return cifar10.dataset_info(data_dir).splits["train"].size
+
+
+def test_changed_bytes_of_the_same_size_are_refused_before_training(tmp_path, capsys):
+    from conftest import write_cifar_dir
+    from cifar10_estimator import generate
+
+    data_dir = str(tmp_path / "data")
+    write_cifar_dir(data_dir, images_per_batch=12)
+    generate.generate_tfrecords(data_dir, log=lambda _: None)
+    path = cifar10.record_path(data_dir, "eval")
+    data = bytearray(open(path, "rb").read())
+    data[-40] ^= 0x01  # one pixel of the last image
+    open(path, "wb").write(bytes(data))
+    status = main.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
+                        *TINY_FLAGS, "--train-steps", "2"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2 and f"{path} has the size the generator wrote but other bytes" in err
+    assert "regenerate it with" in err
