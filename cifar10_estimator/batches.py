@@ -77,7 +77,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return self.ALLOWED[(module, name)]
         except KeyError:
             raise pickle.UnpicklingError(
-                f"refused to load {module}.{name}: a CIFAR-10 batch holds only numpy arrays, "
+                f"refused to load {module}.{name}: a CIFAR batch holds only numpy arrays, "
                 "lists, strings and numbers") from None
 
 
@@ -87,15 +87,15 @@ def _read_file(path: str) -> bytes:
         if os.path.isdir(path):
             raise IsADirectoryError
         if size > MAX_BATCH_FILE_BYTES:
-            raise UserError(f"{path} is {size:,} bytes, far larger than a CIFAR-10 batch "
+            raise UserError(f"{path} is {size:,} bytes, far larger than a CIFAR batch "
                             f"(31 MB); it is not a batch file")
         with open(path, "rb") as f:
             return f.read()
     except FileNotFoundError:
-        raise UserError(f"{path} not found: the CIFAR-10 batch folder is incomplete; delete it "
+        raise UserError(f"{path} not found: the CIFAR batch folder is incomplete; delete it "
                         "so that it is extracted again from the archive") from None
     except IsADirectoryError:
-        raise UserError(f"{path} is a directory, not a CIFAR-10 batch file; replace the folder "
+        raise UserError(f"{path} is a directory, not a CIFAR batch file; replace the folder "
                         "with the genuine extracted batches") from None
     except PermissionError:
         raise UserError(f"{path} cannot be read (permission denied)") from None
@@ -109,19 +109,19 @@ def load_pickle(path: str) -> Any:
     """
     raw = _read_file(path)
     if not raw:
-        raise UserError(f"{path} is empty; the CIFAR-10 batches are damaged, extract them again")
+        raise UserError(f"{path} is empty; the CIFAR batches are damaged, extract them again")
     try:
         obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except pickle.UnpicklingError as e:
         message = str(e)
         if "truncated" in message:
             message = "the file is truncated"
-        raise UserError(f"{path} is not a valid CIFAR-10 batch ({message})") from None
+        raise UserError(f"{path} is not a valid CIFAR batch ({message})") from None
     except EOFError:
-        raise UserError(f"{path} is not a valid CIFAR-10 batch (the file is truncated)") from None
+        raise UserError(f"{path} is not a valid CIFAR batch (the file is truncated)") from None
     except Exception as e:  # noqa: BLE001 - anything a malformed data file provokes is its fault
         detail = str(e).splitlines()[0] if str(e) else ""
-        raise UserError(f"{path} is not a valid CIFAR-10 batch (the pickle is malformed: "
+        raise UserError(f"{path} is not a valid CIFAR batch (the pickle is malformed: "
                         f"{type(e).__name__}: {detail})") from None
     return obj
 
@@ -136,14 +136,19 @@ def _get(mapping: dict, key: str) -> Any:
     raise KeyError(key)
 
 
-def validate_batch(obj: Any, path: str) -> Batch:
-    """Checks that ``obj`` (from ``path``) is a CIFAR-10 batch and returns its images and labels."""
-    where = f"{path} is not a valid CIFAR-10 batch"
+def validate_batch(obj: Any, path: str, label_key: str = "labels",
+                   num_classes: int = NUM_CLASSES) -> Batch:
+    """Checks that ``obj`` (from ``path``) is a CIFAR batch and returns its images and labels.
+
+    ``label_key`` names the labels (CIFAR-100: ``fine_labels`` or ``coarse_labels``), which must
+    lie in 0..``num_classes``-1.
+    """
+    where = f"{path} is not a valid CIFAR batch"
     if not isinstance(obj, dict):
         raise UserError(f"{where}: expected a dict, found {type(obj).__name__}")
     try:
         data = _get(obj, "data")
-        labels = _get(obj, "labels")
+        labels = _get(obj, label_key)
     except KeyError as e:
         raise UserError(f"{where}: it has no '{e.args[0]}' entry") from None
     if not isinstance(data, np.ndarray):
@@ -154,16 +159,16 @@ def validate_batch(obj: Any, path: str) -> Batch:
         raise UserError(f"{where}: 'data' has shape {data.shape}, expected (N, {IMAGE_BYTES}) "
                         "with N >= 1")
     if not isinstance(labels, (list, tuple)):
-        raise UserError(f"{where}: 'labels' is a {type(labels).__name__}, expected a list")
+        raise UserError(f"{where}: '{label_key}' is a {type(labels).__name__}, expected a list")
     if len(labels) != data.shape[0]:
         raise UserError(f"{where}: {len(labels)} labels for {data.shape[0]} images")
     for i, label in enumerate(labels):
         # bool is an int subclass but never a class id.
         if not isinstance(label, int) or isinstance(label, bool):
             raise UserError(f"{where}: label {i} is {label!r}, expected an int in "
-                            f"0..{NUM_CLASSES - 1}")
-        if not 0 <= label < NUM_CLASSES:
-            raise UserError(f"{where}: label {i} is {label}, outside 0..{NUM_CLASSES - 1}")
+                            f"0..{num_classes - 1}")
+        if not 0 <= label < num_classes:
+            raise UserError(f"{where}: label {i} is {label}, outside 0..{num_classes - 1}")
     return Batch(np.ascontiguousarray(data), np.asarray(labels, dtype=np.int64))
 
 
@@ -206,8 +211,9 @@ def dumps_py2(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def load_label_names(path: str) -> tuple[str, ...] | None:
-    """The ten class names of a ``batches.meta`` file, or None if it has no usable list.
+def load_label_names(path: str, key: str = "label_names",
+                     num_classes: int = NUM_CLASSES) -> tuple[str, ...] | None:
+    """The class names of a meta file (``batches.meta``, CIFAR-100's ``meta``), or None.
 
     The names only label predictions, so a missing or odd meta file is not an error; it is
     unpickled with the same restricted unpickler as the batches all the same.
@@ -215,8 +221,8 @@ def load_label_names(path: str) -> tuple[str, ...] | None:
     if not os.path.isfile(path):
         return None
     meta = load_pickle(path)
-    names = meta.get(b"label_names") if isinstance(meta, dict) else None
-    if (not isinstance(names, list) or len(names) != cifar10.NUM_CLASSES
+    names = meta.get(key.encode()) if isinstance(meta, dict) else None
+    if (not isinstance(names, list) or len(names) != num_classes
             or not all(isinstance(n, (bytes, str)) for n in names)):
         return None
     return tuple(n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names)

@@ -1,4 +1,4 @@
-"""Getting the CIFAR-10 python archive: download with progress, MD5 check, safe extraction.
+"""Getting a CIFAR python archive (CIFAR-10 or -100): download with progress, MD5, safe extraction.
 
 ``download`` streams the archive to a temporary file beside its destination, computes the MD5
 while streaming and renames the file into place only if the checksum matches, so a failed or
@@ -6,12 +6,14 @@ interrupted download never leaves something that looks like a complete archive.
 
 ``extract_batches`` does not trust ``tarfile``'s extraction (Python 3.11's ``filter`` argument is
 not in every patch release, and it still allows more than we need). It walks the members itself,
-admits only regular files directly inside ``cifar-10-batches-py/`` (and that folder's own entry),
+admits only regular files directly inside the dataset's folder (``cifar-10-batches-py/`` or
+``cifar-100-python/``, and that folder's own entry),
 refuses everything else by name, copies member data into a fresh temporary folder beside the
 destination and renames the folder into place when everything is there.
 """
 
 
+import dataclasses
 import gzip
 import hashlib
 import http.client
@@ -39,6 +41,28 @@ REQUIRED_BATCHES = tuple(name for names in cifar10.SPLITS.values() for name in n
 # The real archive unpacks to ~178 MB; a larger total is not CIFAR-10 (or is a gzip bomb).
 MAX_EXTRACTED_BYTES = 1 << 30
 _CHUNK = 1 << 20  # file copies
+
+
+@dataclasses.dataclass(frozen=True)
+class Archive:
+    """One of the official python archives: its folder, file name, address, MD5 and files."""
+
+    folder: str
+    name: str
+    url: str
+    md5: str
+    required: tuple[str, ...]
+
+
+CIFAR10 = Archive(cifar10.BATCHES_DIRNAME, ARCHIVE_NAME, DEFAULT_URL, DEFAULT_MD5,
+                  REQUIRED_BATCHES)
+# https://www.cs.toronto.edu/~kriz/cifar.html ("CIFAR-100 python version", 161 MB, md5sum
+# eb9058c3a382ffc7106e4002c42a8d85): one training file of 50,000 images, one test file of
+# 10,000, and a meta file with the fine and coarse class names.
+CIFAR100 = Archive("cifar-100-python", "cifar-100-python.tar.gz",
+                   "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+                   "eb9058c3a382ffc7106e4002c42a8d85", ("train", "test", "meta"))
+ARCHIVES = {"cifar10": CIFAR10, "cifar100": CIFAR100}
 _NET_CHUNK = 1 << 16  # network reads: small enough for a lively progress display
 
 
@@ -160,10 +184,10 @@ def download(url: str, dest_path: str, expected_md5: str, *, timeout: float = 60
 
 def _refuse(archive_path: str, member: tarfile.TarInfo, why: str) -> UserError:
     return UserError(f"{archive_path}: refused archive member {member.name!r} ({why}); "
-                     "the archive is not a genuine CIFAR-10 python archive")
+                     "the archive is not a genuine CIFAR python archive")
 
 
-def _member_target(archive_path: str, member: tarfile.TarInfo) -> str | None:
+def _member_target(archive_path: str, member: tarfile.TarInfo, folder: str) -> str | None:
     """The file name to write for ``member``, None for the folder entry; refuses the rest."""
     name = member.name
     if member.issym() or member.islnk():
@@ -176,8 +200,8 @@ def _member_target(archive_path: str, member: tarfile.TarInfo) -> str | None:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts or any("\\" in p or "\0" in p for p in parts):
         raise _refuse(archive_path, member, "path leaves the extraction folder")
-    if not parts or parts[0] != cifar10.BATCHES_DIRNAME:
-        raise _refuse(archive_path, member, f"outside {cifar10.BATCHES_DIRNAME}/")
+    if not parts or parts[0] != folder:
+        raise _refuse(archive_path, member, f"outside {folder}/")
     if member.isdir():
         if len(parts) == 1:
             return None
@@ -189,13 +213,13 @@ def _member_target(archive_path: str, member: tarfile.TarInfo) -> str | None:
     return parts[1]
 
 
-def extract_batches(archive_path: str, dest_dir: str) -> str:
-    """Safely extracts ``cifar-10-batches-py/`` from the archive into ``dest_dir``.
+def extract_batches(archive_path: str, dest_dir: str, archive: Archive = CIFAR10) -> str:
+    """Safely extracts ``archive.folder`` (``cifar-10-batches-py/``, ...) into ``dest_dir``.
 
-    Returns the path of the extracted folder. ``dest_dir/cifar-10-batches-py`` must not exist.
-    On any error nothing is left in ``dest_dir``.
+    Returns the path of the extracted folder, which must not exist yet. On any error nothing
+    is left in ``dest_dir``.
     """
-    final = os.path.join(dest_dir, cifar10.BATCHES_DIRNAME)
+    final = os.path.join(dest_dir, archive.folder)
     if os.path.lexists(final):
         raise UserError(f"{final} already exists; remove it to extract {archive_path} again")
     written: set[str] = set()
@@ -204,7 +228,7 @@ def extract_batches(archive_path: str, dest_dir: str) -> str:
         try:
             with tarfile.open(archive_path, "r:*") as tar:
                 for member in tar:
-                    target = _member_target(archive_path, member)
+                    target = _member_target(archive_path, member, archive.folder)
                     if target is None:
                         continue
                     if target in written:
@@ -222,8 +246,8 @@ def extract_batches(archive_path: str, dest_dir: str) -> str:
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
             raise UserError(f"{archive_path} is not a readable tar.gz archive ({e}); delete it "
                             "and run again to download it") from None
-        missing = [name for name in REQUIRED_BATCHES if name not in written]
+        missing = [name for name in archive.required if name not in written]
         if missing:
-            raise UserError(f"{archive_path} has no {cifar10.BATCHES_DIRNAME}/{missing[0]}; it "
-                            "is not the CIFAR-10 python archive")
+            raise UserError(f"{archive_path} has no {archive.folder}/{missing[0]}; it is not "
+                            f"the {archive.name} python archive")
     return final

@@ -29,16 +29,18 @@ PROG = "generate_tfrecords"
 
 
 def _locate_source(data_dir: str, source_url: str, source_md5: str, log: Callable[[str], None],
-                   progress: TextIO | None, timeout: float) -> tuple[str, str]:
+                   progress: TextIO | None, timeout: float,
+                   spec: download.Archive = download.CIFAR10) -> tuple[str, str]:
     """Returns (the extracted batches folder, a description of where it came from)."""
-    batches_dir = os.path.join(data_dir, cifar10.BATCHES_DIRNAME)
+    batches_dir = os.path.join(data_dir, spec.folder)
     if os.path.isdir(batches_dir):
+        title = "CIFAR-10" if spec is download.CIFAR10 else "CIFAR-100"
         description = (sample_data.describe(batches_dir)
-                       or f"CIFAR-10 python batches in {os.path.abspath(batches_dir)}")
+                       or f"{title} python batches in {os.path.abspath(batches_dir)}")
         return batches_dir, description
     if os.path.lexists(batches_dir):
         raise UserError(f"{batches_dir} exists but is not a folder; remove it")
-    archive = os.path.join(data_dir, ARCHIVE_NAME)
+    archive = os.path.join(data_dir, spec.name)
     if os.path.isfile(archive):
         log(f"Checking {archive}")
         download.verify_md5(archive, source_md5)
@@ -47,7 +49,7 @@ def _locate_source(data_dir: str, source_url: str, source_md5: str, log: Callabl
         download.download(source_url, archive, source_md5, timeout=timeout, progress=progress)
         description = f"{source_url} (MD5 {source_md5.lower()})"
     log(f"Extracting {archive}")
-    return download.extract_batches(archive, data_dir), description
+    return download.extract_batches(archive, data_dir, spec), description
 
 
 @contextlib.contextmanager
@@ -86,15 +88,43 @@ class Source(NamedTuple):
     dataset: str = "cifar10"  # the metadata's name for it: cifar10, cifar100-fine, ...
 
 
-def load_source(data_dir: str, source_url: str = DEFAULT_URL, source_md5: str = DEFAULT_MD5,
-                log: Callable[[str], None] | None = None, progress: TextIO | None = None,
-                timeout: float = 60.0) -> Source:
-    """Finds, fetches if needed, extracts and loads every batch of ``cifar10.SPLITS``.
+def _cifar100_source(batches_dir: str, description: str, label_mode: str) -> Source:
+    """CIFAR-100's ``train`` (its last fifth held out for validation) and ``test``.
 
-    No TensorFlow is needed; any problem with the input is a ``UserError`` raised before
-    anything is written apart from a downloaded archive and its extraction.
+    The real ``train`` file has 50,000 images: train = the first 40,000, validation = the last
+    10,000, as CIFAR-10's batch 5 is held out; smaller files are split in the same 4:1 ratio.
+    """
+    key, classes = (("fine_labels", 100) if label_mode == "fine" else ("coarse_labels", 20))
+    loaded = {}
+    for name in ("train", "test"):
+        path = os.path.join(batches_dir, name)
+        loaded[name] = batches.validate_batch(batches.load_pickle(path), path, key, classes)
+    train = loaded["train"]
+    cut = len(train.labels) - len(train.labels) // 5
+    splits = {"train": [batches.Batch(train.data[:cut], train.labels[:cut])],
+              "validation": [batches.Batch(train.data[cut:], train.labels[cut:])],
+              "eval": [loaded["test"]]}
+    names = batches.load_label_names(os.path.join(batches_dir, "meta"), f"{label_mode}_label_names",
+                                     classes) or tuple(f"class {i}" for i in range(classes))
+    return Source(splits, f"{description}, {label_mode} labels", names,
+                  f"cifar100-{label_mode}")
+
+
+def load_source(data_dir: str, source_url: str | None = None, source_md5: str | None = None,
+                log: Callable[[str], None] | None = None, progress: TextIO | None = None,
+                timeout: float = 60.0, dataset: str = "cifar10",
+                label_mode: str = "fine") -> Source:
+    """Finds, fetches if needed, extracts and loads every split of ``dataset``.
+
+    ``dataset`` is ``cifar10`` (splits of ``cifar10.SPLITS``) or ``cifar100`` (with
+    ``label_mode`` fine or coarse). No TensorFlow is needed; any problem with the input is a
+    ``UserError`` raised before anything is written apart from a downloaded archive and its
+    extraction.
     """
     log = log or print
+    spec = download.ARCHIVES[dataset]
+    source_url = source_url or spec.url
+    source_md5 = source_md5 or spec.md5
     if not download.is_md5(source_md5):
         raise UserError(f"--source-md5 {source_md5!r} is not an MD5 digest (32 hex digits)")
     if os.path.lexists(data_dir) and not os.path.isdir(data_dir):
@@ -102,12 +132,14 @@ def load_source(data_dir: str, source_url: str = DEFAULT_URL, source_md5: str = 
     created = not os.path.lexists(data_dir)
     try:
         batches_dir, description = _locate_source(data_dir, source_url, source_md5, log,
-                                                  progress, timeout)
+                                                  progress, timeout, spec)
     except BaseException:
         if created:  # leave no empty folder behind a failed download
             with contextlib.suppress(OSError):
                 os.rmdir(data_dir)
         raise
+    if dataset == "cifar100":
+        return _cifar100_source(batches_dir, description, label_mode)
     splits = {split: [batches.load_batch(os.path.join(batches_dir, name)) for name in names]
               for split, names in cifar10.SPLITS.items()}
     label_names = batches.load_label_names(os.path.join(batches_dir, "batches.meta"))
@@ -131,7 +163,7 @@ def write_tfrecords(source: Source, output_dir: str,
     facts: dict[str, cifar10.SplitFacts] = {}
     with _all_or_nothing(finals) as temps:
         for split, final, tmp in zip(splits, finals, temps):
-            log(f"Generating {final} from {', '.join(cifar10.SPLITS[split])}")
+            log(f"Generating {final}")
             count = 0
             with tf.io.TFRecordWriter(tmp) as writer:
                 for batch in source.splits[split]:
@@ -141,16 +173,23 @@ def write_tfrecords(source: Source, output_dir: str,
             # Size and SHA-256 of what was written, for the trainer's check before training.
             facts[split] = cifar10.file_facts(tmp, count)
             log(f"  {split}: {count:,} records")
+    # A split this source does not have (an image folder without validation/) must not leave
+    # an older run's file beside metadata that no longer describes it.
+    for split in cifar10.SPLITS:
+        stale = cifar10.record_path(output_dir, split)
+        if split not in facts and os.path.isfile(stale):
+            os.remove(stale)
     cifar10.write_metadata(output_dir, facts, source.description, source.label_names,
                            source.dataset)
     return {split: f.records for split, f in facts.items()}
 
 
 def generate_tfrecords(data_dir: str, output_dir: str | None = None,
-                       source_url: str = DEFAULT_URL, source_md5: str = DEFAULT_MD5,
+                       source_url: str | None = None, source_md5: str | None = None,
                        log: Callable[[str], None] | None = None,
                        progress: TextIO | None = None,
-                       timeout: float = 60.0) -> dict[str, int]:
+                       timeout: float = 60.0, dataset: str = "cifar10",
+                       label_mode: str = "fine") -> dict[str, int]:
     """Converts CIFAR-10's python batches under ``data_dir`` to TFRecords; returns the counts.
 
     Source, in order: ``data_dir/cifar-10-batches-py/``; else ``data_dir/cifar-10-python.tar.gz``
@@ -162,7 +201,8 @@ def generate_tfrecords(data_dir: str, output_dir: str | None = None,
     """
     log = log or print
     start = time.monotonic()
-    source = load_source(data_dir, source_url, source_md5, log, progress, timeout)
+    source = load_source(data_dir, source_url, source_md5, log, progress, timeout, dataset,
+                         label_mode)
     output_dir = output_dir or data_dir
     counts = write_tfrecords(source, output_dir, log)
     log(_summary(counts, output_dir, source.description, time.monotonic() - start))
@@ -183,8 +223,16 @@ def _parser() -> argparse.ArgumentParser:
                     f"DATA_DIR/{ARCHIVE_NAME}, else downloads it. With --sample, writes the "
                     "built-in synthetic sample dataset into DATA_DIR first.")
     parser.add_argument("--data-dir", required=True,
-                        help="folder of the CIFAR-10 python batches or archive (created for a "
+                        help="folder of the python batches or archive (created for a "
                              "download); also the default output folder")
+    parser.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10",
+                        help="which python archive: cifar10 (default) or cifar100")
+    parser.add_argument("--label-mode", choices=("fine", "coarse"), default=None,
+                        help="CIFAR-100's labels: fine (100 classes, default) or coarse (20)")
+    parser.add_argument("--image-folder", default=None, metavar="DIR",
+                        help="convert your own images instead: DIR/train/<class>/*, "
+                             "DIR/test/<class>/* (and optionally DIR/validation/<class>/*); "
+                             "PNG, JPEG, GIF or BMP of any size, resized to 32x32 RGB")
     parser.add_argument("--output-dir", default=None,
                         help="folder for the .tfrecords files and metadata (default: --data-dir)")
     parser.add_argument("--source-url", default=None,
@@ -206,6 +254,27 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    if args.label_mode is not None and args.dataset != "cifar100":
+        raise UserError("--label-mode applies only with --dataset cifar100")
+    if args.image_folder is not None:
+        for flag, value in (("--sample", args.sample or None), ("--source-url", args.source_url),
+                            ("--source-md5", args.source_md5), ("--label-mode", args.label_mode)):
+            if value is not None:
+                raise UserError(f"{flag} cannot be combined with --image-folder")
+        if args.dataset != "cifar10":
+            raise UserError("--dataset cannot be combined with --image-folder")
+        from cifar10_estimator import image_folder
+
+        started = time.monotonic()
+        logs.import_tensorflow_quietly()
+        source = image_folder.load_image_folder(args.image_folder)
+        output_dir = args.output_dir or args.data_dir
+        counts = write_tfrecords(source, output_dir)
+        print(_summary(counts, output_dir, source.description, time.monotonic() - started))
+        return 0
+    if args.sample and args.dataset != "cifar10":
+        raise UserError("--sample writes CIFAR-10-style sample data; it cannot be combined with "
+                        "--dataset cifar100")
     if not args.sample:
         for flag, value in (("--sample-size", args.sample_size), ("--seed", args.seed)):
             if value is not None:
@@ -215,8 +284,9 @@ def _run(argv: Sequence[str] | None) -> int:
             if value is not None:
                 raise UserError(f"{flag} cannot be combined with --sample (sample data is "
                                 "made locally, nothing is downloaded)")
-    source_url = args.source_url or DEFAULT_URL
-    source_md5 = args.source_md5 or DEFAULT_MD5
+    spec = download.ARCHIVES[args.dataset]
+    source_url = args.source_url or spec.url
+    source_md5 = args.source_md5 or spec.md5
     if not download.is_md5(source_md5):
         raise UserError(f"--source-md5 {source_md5!r} is not an MD5 digest (32 hex digits)")
 
@@ -243,7 +313,8 @@ def _run(argv: Sequence[str] | None) -> int:
                   f"{6 * size:,} images) in {time.monotonic() - started:.1f} s")
 
     started = time.monotonic()
-    source = load_source(args.data_dir, source_url, source_md5)
+    source = load_source(args.data_dir, source_url, source_md5, dataset=args.dataset,
+                         label_mode=args.label_mode or "fine")
     # Only now, with the input known good, load TensorFlow: its C++ log level must be set
     # before its first import (keeping a level the user chose).
     logs.import_tensorflow_quietly()

@@ -1,7 +1,7 @@
 """Classify image files with an exported SavedModel: ``python -m cifar10_estimator.predict``.
 
-Reads PNG, JPEG, GIF or BMP files of any size, converts them to 32x32 RGB (grayscale is
-replicated to three channels, an alpha channel is dropped) with area-averaging resize, runs
+Reads PNG, JPEG, GIF or BMP files of any size, converts them to 32x32 RGB exactly as the
+image-folder generator converts training images (``images.to_cifar_pixels``), runs
 the SavedModel's ``serving_default`` signature and prints the top classes with their names
 (the export's ``assets.extra/class_names.txt``, CIFAR-10's by default) and probabilities, one
 line per image.
@@ -9,30 +9,17 @@ line per image.
 
 import argparse
 import os
-import struct
 import sys
 from typing import Optional, Sequence
 
-from cifar10_estimator import logs
+from cifar10_estimator import cpu, images, logs
 from cifar10_estimator.errors import UserError, run_cli
 
-# Refuse images whose header promises more pixels than this before decoding them: a
-# decompression bomb (a small file that decodes to gigabytes) must not exhaust memory.
-# 100 megapixels is larger than any camera image and about 400 MB decoded.
-MAX_PIXELS = 100_000_000
-
-
-def _header_size(data: bytes) -> Optional[tuple[int, int]]:
-    """Width and height from a PNG or GIF header, or None if not one of those."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
-        return struct.unpack(">II", data[16:24])
-    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
-        return struct.unpack("<HH", data[6:10])
-    return None
-
-
 def load_image(path: str):
-    """Decodes one image file to float32 [32, 32, 3] in 0..255 (RGB)."""
+    """Decodes one image file to float32 [32, 32, 3] in 0..255 (RGB), as the records hold it.
+
+    The conversion is ``images.to_cifar_pixels``, the one the image-folder generator uses.
+    """
     import tensorflow as tf
 
     try:
@@ -40,22 +27,14 @@ def load_image(path: str):
             data = f.read()
     except OSError as e:
         raise UserError(f"cannot read image {path}: {e.strerror}") from None
-    size = _header_size(data)
-    if size is None and data[:2] == b"\xff\xd8":
-        try:
-            h, w, _ = tf.image.extract_jpeg_shape(data).numpy()
-            size = (w, h)
-        except tf.errors.InvalidArgumentError:
-            size = None
-    if size is not None and size[0] * size[1] > MAX_PIXELS:
-        raise UserError(f"{path} is {size[0]}x{size[1]} pixels, more than the "
-                        f"{MAX_PIXELS:,} this tool decodes; shrink it first")
+    reason = images.too_large(data[:images.HEADER_BYTES])
+    if reason:
+        raise UserError(f"{path} {reason}")
     try:
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        pixels = images.to_cifar_pixels(tf.constant(data))
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
         raise UserError(f"{path} is not a PNG, JPEG, GIF or BMP image") from None
-    image = tf.image.resize(tf.cast(image, tf.float32), [32, 32], method="area")
-    return tf.clip_by_value(image, 0.0, 255.0)
+    return tf.cast(pixels, tf.float32)
 
 
 def load_model(saved_model_dir: str):
@@ -124,6 +103,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     args = parser.parse_args(argv)
     if args.top < 1:
         raise UserError(f"--top must be 1 or more, got {args.top}")
+    cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as every command does
     logs.import_tensorflow_quietly(cpp_level="3")
     for path, ranked in zip(args.images, classify(args.saved_model, args.images, args.top)):
         shown = ", ".join(f"{name} {p:.1%}" for name, p in ranked)

@@ -186,7 +186,7 @@ def test_missing_file(tmp_path):
 
 def test_garbage_bytes(tmp_path):
     path = write(tmp_path / "data_batch_1", b"<html>404 Not Found</html>\n")
-    with pytest.raises(UserError, match="not a valid CIFAR-10 batch"):
+    with pytest.raises(UserError, match="not a valid CIFAR batch"):
         batches.load_batch(path)
 
 
@@ -217,5 +217,5 @@ def test_invalid_content(tmp_path, body, expected):
     path = write(tmp_path / "data_batch_5", body)
     with pytest.raises(UserError, match=expected) as e:
         batches.load_batch(path)
-    assert str(e.value).startswith(f"{path} is not a valid CIFAR-10 batch")
+    assert str(e.value).startswith(f"{path} is not a valid CIFAR batch")
     assert "\n" not in str(e.value)

@@ -117,7 +117,7 @@ def test_invalid_later_batch_leaves_no_new_file(tmp_path, make_cifar_dir):
     bad = batches.dumps_py2({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]})
     make_cifar_dir(str(tmp_path), images_per_batch=10, overrides={"test_batch": bad})
     (tmp_path / "train.tfrecords").write_bytes(b"previous run")
-    with pytest.raises(UserError, match="test_batch is not a valid CIFAR-10 batch: label 1 is 10"):
+    with pytest.raises(UserError, match="test_batch is not a valid CIFAR batch: label 1 is 10"):
         quiet_generate(str(tmp_path))
     assert (tmp_path / "train.tfrecords").read_bytes() == b"previous run"
     assert not (tmp_path / "validation.tfrecords").exists()
@@ -223,7 +223,7 @@ def test_malicious_batch_through_the_generator(tmp_path, make_cifar_dir):
 
     payload = pickle.dumps({b"data": RunsShell(), b"labels": [0]}, protocol=2)
     make_cifar_dir(str(tmp_path), images_per_batch=10, overrides={"data_batch_2": payload})
-    with pytest.raises(UserError, match="data_batch_2 is not a valid CIFAR-10 batch "
+    with pytest.raises(UserError, match="data_batch_2 is not a valid CIFAR batch "
                                         r"\(refused to load posix.system"):
         quiet_generate(str(tmp_path))
     assert not marker.exists()
