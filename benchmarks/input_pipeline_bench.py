@@ -22,6 +22,22 @@ from machine import print_machine_line
 from sample_records import make_sample_records
 
 
+def _eval_with_autotune(data_dir: str, batch_size: int):
+    """The evaluation pipeline before autotuning was switched off (for comparison only)."""
+    import tensorflow as tf
+
+    from cifar10_estimator import cifar10
+    from cifar10_estimator.dataset import parse_batch
+
+    def parse(serialized):
+        images, labels = parse_batch(serialized)
+        return {"image": tf.cast(images, tf.float32)}, labels
+
+    return (tf.data.TFRecordDataset(cifar10.record_path(data_dir, "eval"), buffer_size=8 << 20)
+            .batch(batch_size).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=400)
@@ -29,7 +45,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--consumption", type=float, default=None,
                         help="images/s a training step consumes, for the ratio")
-    parser.add_argument("--subset", choices=("train", "eval"), default="train")
+    parser.add_argument("--subset", choices=("train", "eval", "eval-autotune"), default="train",
+                        help="eval-autotune: the evaluation pipeline as it was before "
+                             "(AUTOTUNE map and prefetch, autotuning on), for comparison")
     args = parser.parse_args()
     print_machine_line()
 
@@ -42,9 +60,11 @@ def main() -> None:
 
     rates = []
     for run in range(args.runs):
-        if args.subset == "eval":
+        if args.subset.startswith("eval"):
             ds = Cifar10DataSet(data_dir, "eval", use_distortion=False).make_batch(
                 args.batch_size)
+            if args.subset == "eval-autotune":
+                ds = _eval_with_autotune(data_dir, args.batch_size)
             start, images = time.perf_counter(), 0
             while images < args.batches * args.batch_size:
                 for features, labels in ds:  # whole passes, as evaluations make
@@ -63,7 +83,8 @@ def main() -> None:
         rates.append(args.batches * args.batch_size / (time.perf_counter() - start))
         print(f"run {run + 1}: {rates[-1]:.0f} images/s", file=sys.stderr, flush=True)
     median = statistics.median(rates)
-    what = "train, distortion on" if args.subset == "train" else "eval, one ordered pass"
+    what = {"train": "train, distortion on", "eval": "eval, fixed parallelism",
+            "eval-autotune": "eval, AUTOTUNE as before"}[args.subset]
     print(f"\ninput pipeline ({what}, batch {args.batch_size}): "
           f"median {median:,.0f} images/s over {args.runs} runs "
           f"(min {min(rates):,.0f}, max {max(rates):,.0f}); TF {tf.__version__}, "

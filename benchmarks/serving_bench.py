@@ -1,0 +1,166 @@
+"""Serving speed of the SavedModel against the same network as a Keras model, side by side.
+
+Trains a tiny run of the real CLI to get a checkpoint and its export, builds the same ResNet
+as a Keras functional model, loads the checkpoint's values into it by variable name and checks
+that both give the same probabilities. Then, alternating (A B C ...), it measures images/s at
+batch 1, 32 and 256 through each SavedModel signature (``serving_default`` images,
+``serving_bytes`` PNG files, ``serving_examples`` records) and through Keras
+(``model.predict`` and a ``tf.function`` call), and p50/p99 latency at batch 1.
+
+    python benchmarks/serving_bench.py --depth 20 --runs 3
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from machine import print_machine_line
+from sample_records import make_sample_records
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train_and_export(depth: int, work: str) -> tuple[str, str]:
+    data_dir = make_sample_records(work)
+    job_dir = os.path.join(work, "job")
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
+                           "--job-dir", job_dir, "--num-layers", str(depth), "--train-steps",
+                           "20", "--eval-throttle-secs", "100000"],
+                          capture_output=True, text=True, cwd=REPO)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-3000:])
+    export_root = os.path.join(job_dir, "export")
+    return job_dir, os.path.join(export_root, sorted(os.listdir(export_root))[-1])
+
+
+def keras_resnet(depth: int, checkpoint: str):
+    """Our ResNet v1 (resnet.py) as a Keras model, with the checkpoint's values loaded."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    reader = tf.train.load_checkpoint(checkpoint)
+    n = (depth - 2) // 6
+    eps = 1e-5
+
+    def conv(x, filters, stride, name):
+        if stride > 1:
+            x = L.ZeroPadding2D(1)(x)
+        layer = L.Conv2D(filters, 3, stride, "valid" if stride > 1 else "same", use_bias=False)
+        y = layer(x)
+        layer.set_weights([reader.get_tensor(f"resnet/{name}/kernel")])
+        return y
+
+    def bn(x, name):
+        layer = L.BatchNormalization(epsilon=eps)
+        y = layer(x, training=False)
+        layer.set_weights([reader.get_tensor(f"resnet/{name}/{k}") for k in
+                           ("gamma", "beta", "moving_mean", "moving_variance")])
+        return y
+
+    inputs = tf.keras.Input([32, 32, 3])
+    x = L.Rescaling(1 / 128.0, offset=-1.0)(inputs)
+    x = L.ReLU()(bn(conv(x, 16, 1, "stem"), "stem_bn"))
+    for stage, (filters, stride) in enumerate(zip((16, 32, 64), (1, 2, 2)), start=1):
+        for i in range(n):
+            s = stride if i == 0 else 1
+            name = f"stage{stage}/block{i}"
+            y = L.ReLU()(bn(conv(x, filters, s, f"{name}/conv1"), f"{name}/bn1"))
+            y = bn(conv(y, filters, 1, f"{name}/conv2"), f"{name}/bn2")
+            short = x
+            if s > 1:
+                short = L.AveragePooling2D(s, s, "valid")(short)
+            extra = filters - short.shape[-1]
+            if extra:
+                short = L.Lambda(lambda t, e=extra: tf.pad(
+                    t, [[0, 0], [0, 0], [0, 0], [e // 2, e - e // 2]]))(short)
+            x = L.ReLU()(L.Add()([y, short]))
+    x = L.GlobalAveragePooling2D()(x)
+    dense = L.Dense(10, activation="softmax")
+    outputs = dense(x)
+    dense.set_weights([reader.get_tensor("resnet/dense/kernel"),
+                       reader.get_tensor("resnet/dense/bias")])
+    return tf.keras.Model(inputs, outputs)
+
+
+def rate(fn, batch: int, seconds: float) -> tuple[float, list[float]]:
+    fn()  # warm up (graph optimisation, oneDNN primitives)
+    latencies, started = [], time.perf_counter()
+    while time.perf_counter() - started < seconds or len(latencies) < 5:
+        t = time.perf_counter()
+        fn()
+        latencies.append(time.perf_counter() - t)
+    return batch * len(latencies) / sum(latencies), latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depth", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per cell")
+    parser.add_argument("--batches", default="1,32,256")
+    args = parser.parse_args()
+    print_machine_line()
+    work = tempfile.mkdtemp(prefix="c10serve.")
+    job_dir, saved_model = train_and_export(args.depth, work)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from cifar10_estimator import cifar10
+
+    model = tf.saved_model.load(saved_model)
+    keras = keras_resnet(args.depth, tf.train.latest_checkpoint(job_dir))
+    keras_fn = tf.function(lambda x: keras(x, training=False))
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (max(map(int, args.batches.split(","))), 32, 32, 3))
+    images = images.astype(np.float32)
+    ours = model.signatures["serving_default"](images=tf.constant(images[:8]))["probabilities"]
+    np.testing.assert_allclose(keras.predict(images[:8], verbose=0), ours, rtol=1e-3, atol=1e-4)
+    print(f"ResNet-{args.depth}: Keras copy gives the SavedModel's probabilities (checked)")
+
+    results: dict[tuple[str, int], list[float]] = {}
+    latency: dict[str, list[float]] = {}
+    for run in range(args.runs):
+        for batch in map(int, args.batches.split(",")):
+            x = tf.constant(images[:batch])
+            pngs = tf.constant([tf.io.encode_png(img.astype(np.uint8)).numpy()
+                                for img in images[:batch]])
+            records = tf.constant([cifar10.encode_example(
+                img.astype(np.uint8).transpose(2, 0, 1).tobytes(), 0) for img in images[:batch]])
+            cells = {
+                "SavedModel serving_default": lambda: model.signatures["serving_default"](
+                    images=x)["probabilities"].numpy(),
+                "SavedModel serving_bytes (PNG)": lambda: model.signatures["serving_bytes"](
+                    image_bytes=pngs)["probabilities"].numpy(),
+                "SavedModel serving_examples": lambda: model.signatures["serving_examples"](
+                    examples=records)["probabilities"].numpy(),
+                "Keras model.predict": lambda: keras.predict(x, batch_size=batch, verbose=0),
+                "Keras tf.function": lambda: keras_fn(x).numpy(),
+            }
+            for name, fn in cells.items():
+                images_per_sec, lat = rate(fn, batch, args.seconds)
+                results.setdefault((name, batch), []).append(images_per_sec)
+                if batch == 1:
+                    latency.setdefault(name, []).extend(lat)
+            print(f"run {run + 1}, batch {batch}: " + ", ".join(
+                f"{name} {results[(name, batch)][-1]:,.0f}" for name in cells), flush=True)
+
+    names = sorted({name for name, _ in results}, key=lambda n: (not n.startswith("Saved"), n))
+    batches = sorted({b for _, b in results})
+    print(f"\nimages/s, median of {args.runs} alternating runs (ResNet-{args.depth}, fp32):")
+    print(f"{'':34}" + "".join(f"{'batch ' + str(b):>12}" for b in batches)
+          + f"{'p50 ms (b1)':>14}{'p99 ms (b1)':>14}")
+    for name in names:
+        lat = sorted(latency.get(name, [0.0]))
+        p50, p99 = lat[len(lat) // 2] * 1e3, lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
+        print(f"{name:34}" + "".join(f"{statistics.median(results[(name, b)]):>12,.0f}"
+                                     for b in batches) + f"{p50:>14.2f}{p99:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

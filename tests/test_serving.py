@@ -1,0 +1,199 @@
+"""The export as TF Serving users call it, checked with real clients.
+
+One tiny model is trained and exported for the module; the clients are a fresh Python
+process with ``tf.saved_model.load``, ``saved_model_cli run`` (``--input_exprs`` for the bytes
+signature), a REST-style JSON body decoded by TF Serving's documented rule (``{"b64": ...}``
+for inputs named ``*_bytes``), and the warm-up file read with ``tensorflow_serving.apis``.
+"""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator import cifar10, export, main, predict
+from trainer_fixtures import REPO, TINY_FLAGS
+
+_SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_records, tmp_path_factory) -> str:
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path_factory.mktemp("serving") / "job")
+    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+                       "--train-steps", "3", "--eval-throttle-secs", "100000"])
+    return result.export_path
+
+
+def _pictures(tmp_path) -> list[str]:
+    """PNG (RGB, grayscale, RGBA), JPEG, GIF-free set of files of odd sizes."""
+    rng = np.random.default_rng(0)
+    files = []
+    for name, data in (
+            ("rgb.png", tf.io.encode_png(rng.integers(0, 256, (45, 37, 3), dtype=np.uint8))),
+            ("grey.png", tf.io.encode_png(rng.integers(0, 256, (20, 64, 1), dtype=np.uint8))),
+            ("rgba.png", tf.io.encode_png(rng.integers(0, 256, (33, 33, 4), dtype=np.uint8))),
+            ("photo.jpg", tf.io.encode_jpeg(rng.integers(0, 256, (70, 50, 3), dtype=np.uint8)))):
+        path = tmp_path / name
+        path.write_bytes(data.numpy())
+        files.append(str(path))
+    return files
+
+
+_FRESH = """
+import json, sys
+import numpy as np, tensorflow as tf
+model = tf.saved_model.load(sys.argv[1])
+paths = json.loads(sys.argv[2])
+blobs = [open(p, "rb").read() for p in paths]
+out = {name: {k: v.numpy().tolist() if v.dtype != tf.string else [s.decode() for s in
+              v.numpy().reshape(-1)] for k, v in model.signatures[name](**inputs).items()}
+       for name, inputs in (("serving_bytes", {"image_bytes": tf.constant(blobs)}),)}
+out["signatures"] = sorted(model.signatures)
+print(json.dumps(out))
+"""
+
+
+def test_bytes_signature_in_a_fresh_process_matches_predict_for_the_same_files(
+        exported, tmp_path):
+    files = _pictures(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", _FRESH, exported, json.dumps(files)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["signatures"] == ["classify", "serving_bytes", "serving_default",
+                                 "serving_examples"]
+    served = np.array(out["serving_bytes"]["probabilities"])
+    # predict's own path: decode in Python with the same conversion, then the images input.
+    model = tf.saved_model.load(exported)
+    local = model.signatures["serving_default"](
+        images=tf.stack([predict.load_image(p) for p in files]))
+    np.testing.assert_allclose(served, local["probabilities"].numpy(), rtol=1e-5, atol=1e-6)
+    names = [line.strip() for line in open(os.path.join(exported, export.CLASS_NAMES_FILE))]
+    assert out["serving_bytes"]["class_names"] == [names[i] for i in served.argmax(1)]
+
+
+def test_every_predict_signature_names_its_top_class_and_classify_returns_names(exported):
+    model = tf.saved_model.load(exported)
+    rng = np.random.default_rng(1)
+    chw = rng.integers(0, 256, (3, cifar10.IMAGE_BYTES), dtype=np.uint8)
+    examples = tf.constant([cifar10.encode_example(row.tobytes(), 1) for row in chw])
+    hwc = chw.reshape(3, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
+    by_images = model.signatures["serving_default"](images=tf.constant(hwc))
+    by_examples = model.signatures["serving_examples"](examples=examples)
+    np.testing.assert_allclose(by_images["probabilities"], by_examples["probabilities"],
+                               rtol=1e-5, atol=1e-6)
+    assert by_images["class_names"].dtype == tf.string
+    assert by_images["class_names"].numpy().tolist() == [
+        cifar10.CLASS_NAMES[i].encode() for i in by_images["classes"].numpy()]
+    classified = model.signatures["classify"](inputs=examples)
+    assert classified["classes"].numpy()[0].tolist() == [n.encode() for n in cifar10.CLASS_NAMES]
+    np.testing.assert_allclose(classified["scores"], by_examples["probabilities"], rtol=1e-5)
+
+
+def test_the_classify_signature_has_the_classify_method_for_tf_serving(exported):
+    proc = subprocess.run([_SAVED_MODEL_CLI, "show", "--dir", exported, "--all"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    block = proc.stdout.split("signature_def['classify']")[1].split("signature_def[")[0]
+    assert "Method name is: tensorflow/serving/classify" in block
+    assert "inputs['inputs']" in block and "outputs['classes']" in block
+    bytes_block = proc.stdout.split("signature_def['serving_bytes']")[1].split("signature_def[")[0]
+    assert "inputs['image_bytes']" in bytes_block and "dtype: DT_STRING" in bytes_block
+
+
+def test_saved_model_cli_runs_the_bytes_signature_from_input_exprs(exported, tmp_path):
+    png = tf.io.encode_png(np.full((9, 13, 3), 200, np.uint8)).numpy()
+    proc = subprocess.run(
+        [_SAVED_MODEL_CLI, "run", "--dir", exported, "--tag_set", "serve", "--signature_def",
+         "serving_bytes", "--input_exprs", f"image_bytes=[{png!r}]"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Result for output key class_names" in proc.stdout
+    assert "Result for output key probabilities" in proc.stdout
+
+
+def _decode_rest_instances(body: dict) -> dict:
+    """TF Serving's REST rule: a ``{"b64": ...}`` value becomes the bytes it encodes."""
+    columns: dict[str, list] = {}
+    for instance in body["instances"]:
+        for key, value in instance.items():
+            if isinstance(value, dict) and set(value) == {"b64"}:
+                value = base64.b64decode(value["b64"])
+            columns.setdefault(key, []).append(value)
+    return columns
+
+
+def test_a_rest_request_with_b64_image_bytes_is_served(exported, tmp_path):
+    files = _pictures(tmp_path)
+    body = json.loads(json.dumps({"signature_name": "serving_bytes", "instances": [
+        {"image_bytes": {"b64": base64.b64encode(open(p, "rb").read()).decode()}}
+        for p in files]}))
+    inputs = _decode_rest_instances(body)
+    model = tf.saved_model.load(exported)
+    out = model.signatures[body["signature_name"]](
+        image_bytes=tf.constant(inputs["image_bytes"]))
+    assert out["probabilities"].shape == (len(files), 10)
+
+
+def test_bad_bytes_are_a_clear_error_of_the_request_and_the_model_serves_on(exported):
+    model = tf.saved_model.load(exported)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="image"):
+        model.signatures["serving_bytes"](image_bytes=tf.constant([b"this is no picture"]))
+    png = tf.io.encode_png(np.zeros((8, 8, 3), np.uint8))
+    assert model.signatures["serving_bytes"](image_bytes=tf.stack([png]))[
+        "probabilities"].shape == (1, 10)
+
+
+def test_the_warmup_file_parses_with_serving_protos_and_every_request_runs(exported):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(exported, export.WARMUP_FILE)
+    logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy())
+            for r in tf.data.TFRecordDataset(path)]
+    model = tf.saved_model.load(exported)
+    ran = []
+    for entry in logs:
+        if entry.HasField("predict_log"):
+            request = entry.predict_log.request
+            inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+            out = model.signatures[request.model_spec.signature_name](
+                **{k: tf.constant(v) for k, v in inputs.items()})
+            assert out["probabilities"].shape[1] == 10
+        else:
+            request = entry.classify_log.request
+            examples = [e.SerializeToString() for e in request.input.example_list.examples]
+            out = model.signatures[request.model_spec.signature_name](
+                inputs=tf.constant(examples))
+            assert out["scores"].shape == (1, 10)
+        ran.append(request.model_spec.signature_name)
+    assert sorted(ran) == ["classify", "serving_bytes", "serving_default", "serving_examples"]
+
+
+_NO_SERVING_API = """
+import sys
+sys.modules["tensorflow_serving"] = None  # as if the optional package were not installed
+import logging, os
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+import tensorflow as tf
+from cifar10_estimator import export, model_fn
+ckpt, out = sys.argv[1], sys.argv[2]
+path = export.export_saved_model(model_fn.ModelSettings(num_layers=8), ckpt, out)
+print("WARMUP", os.path.exists(os.path.join(path, export.WARMUP_FILE)))
+"""
+
+
+def test_without_the_serving_package_the_export_says_so_and_skips_warmup(exported, tmp_path):
+    job_dir = os.path.dirname(os.path.dirname(exported))
+    ckpt = tf.train.latest_checkpoint(job_dir)
+    proc = subprocess.run([sys.executable, "-c", _NO_SERVING_API, ckpt, str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARMUP False" in proc.stdout
+    assert "install the optional tensorflow-serving-api package" in proc.stderr
