@@ -30,7 +30,7 @@ from sample_records import make_sample_records
 
 from cifar10_estimator import cluster
 
-STEP = re.compile(r"\(step (\d+)\)")
+STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 RESTORED = re.compile(r"Restoring parameters from .*model\.ckpt-(\d+)")
 CHECKPOINT = "Saving checkpoints for"
 
@@ -84,7 +84,8 @@ def _replicas(args, data_dir: str, job_dir: str, default_flags: bool) -> list[Re
              "--train-steps", str(args.train_steps)]
     if not default_flags:
         flags += ["--save-checkpoints-steps", str(args.checkpoint_steps),
-                  "--max-worker-delay-secs", "0", "--eval-throttle-secs", "30"]
+                  "--max-worker-delay-secs", "0", "--eval-throttle-secs", "30",
+                  "--progress-secs", "0.5"]
     return [Replica(job, json.dumps({"cluster": spec, "task": {"type": job, "index": 0},
                                      "environment": "cloud"}),
                     [] if job == "ps" else flags) for job in names]
@@ -112,7 +113,7 @@ def _wait_until(predicate, timeout: float = 300) -> None:
 
 
 def _global_step(replicas: list[Replica], until: float = float("inf")) -> int:
-    """The highest global step the trainers logged before ``until`` (logged every 10 steps)."""
+    """The highest global step the trainers logged before ``until`` (every 0.5 s)."""
     steps = [int(m.group(1)) for r in replicas for t, line in list(r.lines)
              for m in [STEP.search(line)] if m and t < until]
     return max(steps, default=0)

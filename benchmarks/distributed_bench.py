@@ -6,7 +6,7 @@ Runs the trainer as users would, through the local launcher (``cifar10_estimator
 - ``1 worker``: chief + 1 ps;
 - ``2 workers async`` and ``2 workers sync``: chief + 1 worker + 1 ps.
 
-Every line a task logs is time-stamped on arrival. Each trainer's examples/sec lines carry the
+Every line a task logs is time-stamped on arrival. Each trainer's progress lines carry the
 global step, so the global step rate is measured over the window in which every training task
 is already past its first logged interval (start-up, graph building and the staggered start
 are excluded) until the first of them logs its last interval. Aggregate images/s = global
@@ -38,7 +38,7 @@ sys.path.insert(0, REPO)
 
 from cifar10_estimator import cluster  # noqa: E402
 
-RATE_LINE = re.compile(r"examples/sec: .*\(step (\d+)\)")
+RATE_LINE = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 CONFIGS = {  # key: (label, training tasks, sync)
     "local": ("local (no cluster)", 0, False),
     "1": ("1 worker + 1 ps", 1, False),
@@ -73,7 +73,8 @@ def trainer_flags(args, data_dir: str, job_dir: str, sync: bool) -> list[str]:
     flags = ["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", str(args.num_layers),
              "--train-batch-size", str(args.batch), "--eval-batch-size", "100",
              "--train-steps", str(args.steps), "--save-checkpoints-steps", "100000",
-             "--max-worker-delay-secs", "0", "--eval-throttle-secs", "100000"]
+             "--max-worker-delay-secs", "0", "--eval-throttle-secs", "100000",
+             "--progress-secs", "0.5"]
     return flags + (["--sync"] if sync else [])
 
 
@@ -93,7 +94,7 @@ def run_local(flags: list[str], recorder: Recorder) -> None:
 def measure(recorder: Recorder, trainers: list[str]) -> tuple[float, int]:
     """Global steps/s while every trainer runs: from the moment all of them have logged a
     first interval to the moment the first of them logs its last one. Every trainer's
-    examples/sec line carries the global step, so all of them are points of one curve."""
+    progress line carries the global step, so all of them are points of one curve."""
     points: dict[str, list[tuple[float, int]]] = {name: [] for name in trainers}
     for t, line in recorder.lines:
         match = RATE_LINE.search(line)

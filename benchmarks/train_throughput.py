@@ -2,7 +2,7 @@
 
 Runs ``python -m cifar10_estimator`` exactly as a user would (TFRecords from the sample data,
 augmentation, hooks and summaries on) and reads its steady-state images/s from the
-examples/sec lines it logs: the median of the "current" figures after the first intervals, so
+progress lines it logs every 2 s: the median of their images/s after the first intervals, so
 start-up, the first checkpoint and the final evaluation are excluded. The peers in
 ``../shared/bench`` (Keras ``model.fit``; PyTorch when a Python with torch is given) run in the
 same loop, alternating with ours (A B C A B C ...), so a noisy machine moves all of them alike.
@@ -34,7 +34,7 @@ from cifar10_estimator import cpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(os.path.dirname(REPO), "shared", "bench")
-CURRENT = re.compile(r"examples/sec: [\d.]+ average, ([\d.]+) current")
+CURRENT = re.compile(r"step \d+/\d+ \([\d.]+%\).*?: ([\d.]+) images/s")
 
 
 def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> float:
@@ -43,12 +43,12 @@ def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> 
         [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
          "--num-layers", str(depth), "--train-steps", str(steps), "--train-batch-size", "128",
          "--eval-batch-size", "500", "--save-checkpoints-secs", "100000",
-         "--eval-throttle-secs", "100000", *extra],
+         "--eval-throttle-secs", "100000", "--progress-secs", "2", *extra],
         capture_output=True, text=True, cwd=REPO)
     if proc.returncode:
         raise SystemExit(f"trainer failed:\n{proc.stderr[-2000:]}")
     current = [float(v) for v in CURRENT.findall(proc.stderr)]
-    # Skip the first 3 intervals (30 steps): graph optimisation, the first checkpoint and the
+    # Skip the first 3 intervals (2 s each): graph optimisation, the first checkpoint and the
     # input pipeline's warm-up.
     return statistics.median(current[3:])
 

@@ -81,6 +81,11 @@ class TrainConfig:
     eval_throttle_secs: int = _field(
         600, "evaluate a new checkpoint at most this often during training")
     keep_checkpoint_max: int = _field(5, "how many recent checkpoints to keep")
+    save_summary_steps: int = _field(
+        100, "write the training scalars (loss, learning rate, accuracy, images/s) for "
+             "TensorBoard every N global steps")
+    progress_secs: float = _field(
+        15.0, "seconds of wall time between two progress lines (step/total, images/s, ETA)")
     export_dir: Optional[str] = _field(
         None, "where the SavedModel goes, in a numbered subfolder (default: JOB_DIR/export)")
     seed: Optional[int] = _field(None, "random seed for initialisation, shuffling and augmentation")
@@ -141,7 +146,7 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
         if getattr(config, name) < 0:
             raise UserError(f"{flag(name)} must be 0 or more, got {getattr(config, name)}")
     for name in ("num_cpu_towers", "train_batch_size", "eval_batch_size", "keep_checkpoint_max",
-                 "cluster_timeout_secs"):
+                 "cluster_timeout_secs", "save_summary_steps"):
         if getattr(config, name) < 1:
             raise UserError(f"{flag(name)} must be 1 or more, got {getattr(config, name)}")
     for name in ("save_checkpoints_steps", "save_checkpoints_secs"):
@@ -176,7 +181,7 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
         if getattr(config, name) % config.num_towers:
             raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "
                             f"{config.num_towers} towers; use a multiple of {config.num_towers}")
-    for name in ("learning_rate", "batch_norm_epsilon"):
+    for name in ("learning_rate", "batch_norm_epsilon", "progress_secs"):
         if not getattr(config, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(config, name)}")
     for name in ("momentum", "batch_norm_decay"):

@@ -1,12 +1,17 @@
-"""Session hooks: examples per second, and the chief's SyncReplicasOptimizer hook.
+"""Session hooks: training progress (log lines and TensorBoard throughput), and the chief's
+SyncReplicasOptimizer hook.
 
-Throughput is counted from this worker's own steps, so it is right in every topology: one
-worker's figure is its local batch times its local step rate. The cluster-wide figure comes
-from the global step: each global step consumes ``examples_per_global_step`` examples, which
-is one worker batch when workers update asynchronously, and one batch per replica when
-``SyncReplicasOptimizer`` aggregates them. (The original tutorial multiplied the global step
-rate by one worker's batch, wrong by the number of workers in both modes.) At the end each
-task logs how many steps it ran itself, which shows every worker's share of the global steps.
+``ProgressHook`` logs one line about every ``every_secs`` of wall time (not every N steps, so
+a slow model does not go quiet and a fast one does not flood the log):
+``step 1200/80000 (1.5%), loss 0.5123, lr 0.1: 650.3 images/s, ETA 2:01:33``. The ETA comes
+from the recent global-step rate and counts from where this run started, so a resumed run is
+right. In a cluster the line adds the cluster's rate: this worker's figure is its local batch
+times its local step rate; the cluster's comes from the global step, each global step
+consuming ``examples_per_global_step`` examples (one worker batch asynchronously, one batch per
+replica with ``SyncReplicasOptimizer``; the original tutorial multiplied the global step rate
+by one worker's batch, wrong by the number of workers in both modes). On the chief it also
+writes ``images_per_sec`` and ``global_step/sec`` to TensorBoard every ``summary_steps``. At
+the end each task logs how many steps it ran itself and its mean rate.
 
 ``sync_replicas_hook`` gives each worker its ``SyncReplicasOptimizer`` hook; the chief's is
 ``SyncReplicasChiefHook``, which does what TensorFlow's does without its 120 s stall at the end
@@ -16,72 +21,142 @@ of training (explained in the class).
 import logging
 import threading
 import time
+from typing import Optional
 
 import tensorflow as tf
 
 log = logging.getLogger("cifar10_estimator")
 
 
-class ExamplesPerSecondHook(tf.estimator.SessionRunHook):
-    """Logs average and current examples/sec every ``every_n_steps`` local steps."""
+def format_duration(seconds: float) -> str:
+    """``1:02:03`` for 3723 s; ``0:00:07`` for 7 s; days as ``2d 1:00:00``."""
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{days}d {text}" if days else text
 
-    def __init__(self, batch_size: int, examples_per_global_step: int | None = None,
-                 every_n_steps: int = 10, warm_up_steps: int = 1):
+
+def progress_line(global_step: int, total_steps: int, images_per_sec: float,
+                  global_steps_per_sec: float, loss: Optional[float] = None,
+                  learning_rate: Optional[float] = None,
+                  cluster_images_per_sec: Optional[float] = None) -> str:
+    """One progress line; the ETA is the steps left at the recent global-step rate."""
+    percent = 100.0 * global_step / total_steps if total_steps else 100.0
+    line = f"step {global_step}/{total_steps} ({percent:.1f}%)"
+    if loss is not None:
+        line += f", loss {loss:.4f}"
+    if learning_rate is not None:
+        line += f", lr {learning_rate:.4g}"
+    line += f": {images_per_sec:.1f} images/s"
+    if cluster_images_per_sec is not None:
+        line += f" on this worker, cluster {cluster_images_per_sec:.1f} images/s"
+    left = max(0, total_steps - global_step)
+    eta = format_duration(left / global_steps_per_sec) if global_steps_per_sec > 0 else "-"
+    return f"{line}, ETA {eta}"
+
+
+class ProgressHook(tf.estimator.SessionRunHook):
+    """Logs progress about every ``every_secs``; writes throughput summaries on the chief."""
+
+    def __init__(self, batch_size: int, total_steps: int, loss: tf.Tensor,
+                 learning_rate: tf.Tensor, examples_per_global_step: Optional[int] = None,
+                 every_secs: float = 15.0, summary_dir: Optional[str] = None,
+                 summary_steps: int = 100, clock=time.perf_counter):
         """
         Args:
           batch_size: examples this worker consumes per step (all its towers).
+          total_steps: the global step at which training stops (``--train-steps``).
+          loss, learning_rate: scalar tensors shown in the line.
           examples_per_global_step: in a cluster, examples all workers consume per global
-            step (adds a cluster-wide figure); None for a single worker.
-          every_n_steps: logging period in local steps.
-          warm_up_steps: local steps excluded from the average (graph optimisation and the
-            first input batches make them slow).
+            step (adds the cluster's rate); None for a single worker.
+          every_secs: wall time between two lines (the first comes after one interval).
+          summary_dir: where the chief writes ``images_per_sec`` and ``global_step/sec``;
+            None on other tasks.
+          summary_steps: global steps between two throughput summaries.
+          clock: time source (tests pass their own).
         """
-        if every_n_steps < 1:
-            raise ValueError("every_n_steps must be positive")
-        self._batch_size = batch_size
+        if every_secs <= 0 or summary_steps < 1:
+            raise ValueError("every_secs and summary_steps must be positive")
+        self._batch = batch_size
+        self._total = total_steps
+        self._fetches = {"step": None, "loss": loss, "lr": learning_rate}
         self._per_global_step = examples_per_global_step
-        self._every = every_n_steps
-        self._warm_up = warm_up_steps
+        self._every = every_secs
+        self._summary_dir = summary_dir
+        self._summary_steps = summary_steps
+        self._clock = clock
 
     def begin(self):
-        self._global_step = tf.compat.v1.train.get_global_step()
-        if self._global_step is None:
-            raise RuntimeError("ExamplesPerSecondHook needs a global step")
+        step = tf.compat.v1.train.get_global_step()
+        if step is None:
+            raise RuntimeError("ProgressHook needs a global step")
+        self._fetches["step"] = step
         self._local_steps = 0
-        self._last_global_step = None
-        self._start = None  # (time, local step, global step) after warm-up
-        self._last = None
+        self._first = None  # (time, local steps, global step) after the first step
+        self._last_line = None
+        self._last_summary = None
+        self._last_global = None
+        self._writer = (tf.compat.v1.summary.FileWriterCache.get(self._summary_dir)
+                        if self._summary_dir else None)
 
     def before_run(self, run_context):
-        return tf.estimator.SessionRunArgs(self._global_step)
+        return tf.estimator.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
+        now = self._clock()
         self._local_steps += 1
-        now, global_step = time.perf_counter(), int(run_values.results)
-        self._last_global_step = global_step
-        if self._local_steps == self._warm_up:
-            self._start = self._last = (now, self._local_steps, global_step)
+        values = run_values.results
+        # The global step fetched before this step's update: the step just run ends at +1.
+        global_step = int(values["step"]) + 1
+        self._last_global = global_step
+        point = (now, self._local_steps, global_step)
+        if self._first is None:  # the first step pays for graph optimisation: not timed
+            self._first = self._last_line = self._last_summary = point
             return
-        if self._start is None or (self._local_steps - self._warm_up) % self._every:
-            return
-        t0, s0, g0 = self._start
-        t1, s1, g1 = self._last
-        self._last = (now, self._local_steps, global_step)
-        average = self._batch_size * (self._local_steps - s0) / (now - t0)
-        current = self._batch_size * (self._local_steps - s1) / (now - t1)
-        if self._per_global_step is None:
-            log.info("examples/sec: %.1f average, %.1f current (step %d)",
-                     average, current, global_step)
-        else:
-            cluster = self._per_global_step * (global_step - g0) / (now - t0)
-            log.info("examples/sec: %.1f average, %.1f current on this worker; cluster "
-                     "%.1f (step %d)", average, current, cluster, global_step)
+        if self._writer is not None and global_step - self._last_summary[2] >= self._summary_steps:
+            self._write_summary(point)
+        if now - self._last_line[0] >= self._every:
+            log.info(self._line(point, self._last_line, values))
+            self._last_line = point
+
+    def _rates(self, point, since) -> tuple[float, float]:
+        seconds = max(point[0] - since[0], 1e-9)
+        return (self._batch * (point[1] - since[1]) / seconds,
+                (point[2] - since[2]) / seconds)
+
+    def _line(self, point, since, values) -> str:
+        images, global_rate = self._rates(point, since)
+        cluster = (None if self._per_global_step is None
+                   else self._per_global_step * global_rate)
+        return progress_line(point[2], self._total, images, global_rate,
+                             float(values["loss"]), float(values["lr"]), cluster)
+
+    def _write_summary(self, point) -> None:
+        images, global_rate = self._rates(point, self._last_summary)
+        if self._per_global_step is not None:
+            images = self._per_global_step * global_rate  # the cluster's throughput
+        summary = tf.compat.v1.Summary(value=[
+            tf.compat.v1.Summary.Value(tag="images_per_sec", simple_value=images),
+            tf.compat.v1.Summary.Value(tag="global_step/sec", simple_value=global_rate)])
+        self._writer.add_summary(summary, point[2])
+        self._last_summary = point
 
     def end(self, session):
-        # The global step seen before this task's last step; a sync or multi-worker run's
-        # step counts of all tasks add up to the global steps (times the replicas in sync).
-        log.info("this task ran %d training steps of %d examples (global step %s before "
-                 "its last step)", self._local_steps, self._batch_size, self._last_global_step)
+        if self._first is None:
+            log.info("this task ran %d training steps", self._local_steps)
+            return
+        point = (self._clock(), self._local_steps, self._last_global)
+        images, global_rate = self._rates(point, self._first)
+        text = (f"this task ran {self._local_steps} training steps of {self._batch} examples "
+                f"(global step {self._last_global}): {images:.1f} images/s on average")
+        if self._per_global_step is not None:
+            text += (f" on this worker, cluster {self._per_global_step * global_rate:.1f} "
+                     f"images/s")
+        log.info(text)
+        if self._writer is not None:
+            self._writer.flush()
 
 
 class SyncReplicasChiefHook(tf.estimator.SessionRunHook):

@@ -11,6 +11,7 @@ never calls these: they change process-wide state.
 import contextlib
 import logging
 import os
+import re
 import sys
 from typing import Iterator
 
@@ -24,6 +25,7 @@ _NOISE = (
     "Inference Time :", "Evaluation [", "Saving 'checkpoint_path'",
     "Using default config", "Skipping training since max_steps", "No assets to ",
     "SavedModel written to", "Assets written to", "TF_CONFIG environment variable",
+    "Summary for np.ndarray is not visible",
 )
 
 
@@ -53,9 +55,20 @@ def import_tensorflow_quietly(cpp_level: str = "2") -> None:
             import tensorflow  # noqa: F401
 
 
+# Estimator's evaluation line lists every metric; the per-class ones and the confusion matrix
+# (printed as a multi-line array) go to the per-class table and eval_report.json instead.
+_EVAL_LINE = "Saving dict for global step"
+_SCALAR_METRIC = re.compile(r"\b(accuracy|cross_entropy|global_step|loss) = ([^,\s]+)")
+
+
 class _QuietFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
+        if message.startswith(_EVAL_LINE):
+            step, _, rest = message[len(_EVAL_LINE):].partition(":")
+            shown = ", ".join(f"{k} = {v}" for k, v in _SCALAR_METRIC.findall(rest))
+            record.msg, record.args = f"{_EVAL_LINE}{step}: {shown}", ()
+            return True
         return not any(n in message for n in _NOISE)
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 import typing
 from typing import Optional, Sequence
 
@@ -125,13 +126,54 @@ def run(argv: Optional[Sequence[str]] = None):
         config = _resolve_precision(config, gpus, onednn)
     from cifar10_estimator import train
 
+    started = time.monotonic()
+    start_step = _checkpoint_step(config.job_dir) if task_type != "ps" else 0
     result = train.train_and_evaluate(config)
     if result.eval_metrics:
         shown = ", ".join(f"{k} = {v:.4g}" for k, v in sorted(result.eval_metrics.items())
-                          if k != "global_step")
+                          if k in ("accuracy", "cross_entropy", "loss"))
         log.info("final evaluation at step %d: %s", result.eval_metrics.get("global_step", -1),
                  shown)
+    if task_type != "ps":
+        trained = 0 if task_type == "evaluator" else (
+            _checkpoint_step(config.job_dir) - start_step)
+        for line in run_summary(config, result, time.monotonic() - started, trained):
+            log.info(line)
     return result
+
+
+def _checkpoint_step(job_dir: str) -> int:
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(job_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def run_summary(config: TrainConfig, result, seconds: float, steps: int) -> list[str]:
+    """The last lines of a run: what it produced and how to use it."""
+    from cifar10_estimator import hooks
+
+    lines = []
+    head = f"run summary: wall time {hooks.format_duration(seconds)}"
+    if result.eval_metrics and "accuracy" in result.eval_metrics:
+        head += (f", final accuracy {100 * result.eval_metrics['accuracy']:.2f}% at step "
+                 f"{int(result.eval_metrics.get('global_step', 0))}")
+    if steps > 0 and seconds > 0:
+        # Over the whole run (start-up and evaluations included), global steps of one batch.
+        head += (f", {steps} steps, {steps * config.train_batch_size / seconds:.1f} images/s "
+                 f"over the run")
+    lines.append(head)
+    if result.export_path:
+        lines.append(f"  SavedModel: {result.export_path}")
+        lines.append(f"  predict:    python -m cifar10_estimator.predict --saved-model "
+                     f"{result.export_path} IMAGE...")
+        lines.append(f"  serve:      tensorflow_model_server --rest_api_port=8501 "
+                     f"--model_name=cifar10 --model_base_path="
+                     f"{os.path.abspath(os.path.dirname(result.export_path))}")
+    if result.report_path:
+        lines.append(f"  report:     {result.report_path}")
+    lines.append(f"  TensorBoard: tensorboard --logdir {config.job_dir}")
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -6,6 +6,7 @@ then (TRAIN) gradients averaged over towers and one optimizer update, or (EVAL) 
 """
 
 import dataclasses
+import re
 from typing import Optional, Sequence
 
 import tensorflow as tf
@@ -41,6 +42,12 @@ class ModelSettings:
     is_chief: bool = True
     compute_dtype: str = "float32"
     num_classes: int = 10  # width of the logits: the dataset's class count (its metadata)
+    # Names of the classes (label order) for per-class evaluation metrics; () for class_<i>.
+    class_names: Sequence[str] = ()
+    train_steps: int = 0  # the global step training stops at (for progress and ETA)
+    progress_secs: float = 15.0  # wall time between two progress lines
+    summary_dir: Optional[str] = None  # chief: where throughput summaries go
+    summary_steps: int = 100  # global steps between two summaries
 
 
 def learning_rate_schedule(global_step: tf.Tensor, s: ModelSettings) -> tf.Tensor:
@@ -89,9 +96,44 @@ def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     return logits, xent, l2
 
 
-def _format_progress(values):
-    return (f"step {values['step']}: loss = {values['loss']:.4f}, "
-            f"learning rate = {values['learning_rate']:.4g}")
+def metric_name(name: str) -> str:
+    """A class name as a TensorBoard tag part: letters, digits, ``_ . -`` kept, rest ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
+
+
+def per_class_metrics(labels, classes, weight, names: Sequence[str]) -> dict:
+    """Accuracy of each class (its recall: right among its own images), and the confusion
+    matrix (rows: true class, columns: predicted; weighted counts) as a [C, C] metric."""
+    num = len(names)
+    labels = tf.cast(labels, tf.int64)
+    weight = tf.ones_like(labels, tf.float32) if weight is None else weight
+    metrics = {}
+    for c, name in enumerate(names):
+        mine = weight * tf.cast(tf.equal(labels, c), tf.float32)
+        metrics[f"per_class_accuracy/{metric_name(name)}"] = tf.compat.v1.metrics.accuracy(
+            labels, classes, weights=mine)
+    counts = tf.compat.v1.get_local_variable(
+        "confusion_matrix_counts", [num, num], tf.float32,
+        initializer=tf.compat.v1.zeros_initializer(),
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+                     tf.compat.v1.GraphKeys.METRIC_VARIABLES])
+    update = tf.compat.v1.assign_add(counts, tf.math.confusion_matrix(
+        labels, classes, num_classes=num, weights=weight, dtype=tf.float32))
+    metrics["confusion_matrix"] = (tf.identity(counts), update)
+    # A picture of the row-normalised matrix for TensorBoard's image tab (dark = frequent);
+    # Estimator writes a metric whose value is a serialized Summary as that summary.
+    rows = counts / tf.maximum(tf.reduce_sum(counts, axis=1, keepdims=True), 1.0)
+    scale = max(1, 256 // num)
+    picture = tf.image.resize(tf.cast(255.0 * (1.0 - rows), tf.uint8)[None, :, :, None],
+                              [num * scale, num * scale], method="nearest")
+    metrics["confusion_matrix_image"] = (
+        tf.compat.v1.summary.image("confusion_matrix", picture, collections=[]),
+        tf.no_op())
+    # The rows and columns of that picture, in order, as a text summary.
+    metrics["confusion_matrix_classes"] = (tf.compat.v1.summary.text(
+        "confusion_matrix_classes",
+        tf.constant([f"{i}: {n}" for i, n in enumerate(names)]), collections=[]), tf.no_op())
+    return metrics
 
 
 def make_model_fn(s: ModelSettings):
@@ -150,7 +192,9 @@ def make_model_fn(s: ModelSettings):
                     export_outputs={PREDICT_SIGNATURE:
                                     tf.estimator.export.PredictOutput(predictions)})
 
-            loss = tf.reduce_mean(tower_losses, name="loss")
+            # Tensors are named *_value so that the summaries below (and Estimator's own "loss")
+            # get the plain tags: an op named "loss" would turn the summary's tag into "loss_1".
+            loss = tf.reduce_mean(tower_losses, name="loss_value")
 
             if mode == tf.estimator.ModeKeys.EVAL:
                 all_xent = tf.concat(tower_xent, axis=0)
@@ -159,16 +203,24 @@ def make_model_fn(s: ModelSettings):
                     "accuracy": tf.compat.v1.metrics.accuracy(labels, classes, weights=weight),
                     "cross_entropy": tf.compat.v1.metrics.mean(all_xent, weights=weight),
                 }
+                names = list(s.class_names) or [f"class_{i}" for i in range(s.num_classes)]
+                metrics.update(per_class_metrics(labels, classes, weight, names))
                 return tf.estimator.EstimatorSpec(mode, predictions=predictions, loss=loss,
                                                   eval_metric_ops=metrics)
 
             global_step = tf.compat.v1.train.get_or_create_global_step()
             learning_rate = tf.identity(learning_rate_schedule(global_step, s),
-                                        name="learning_rate")
+                                        name="learning_rate_value")
             accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)),
-                                              tf.float32), name="train_accuracy")
+                                              tf.float32), name="train_accuracy_value")
+            cross_entropy = tf.reduce_mean(tf.concat(tower_xent, axis=0),
+                                           name="cross_entropy_value")
             tf.compat.v1.summary.scalar("learning_rate", learning_rate)
             tf.compat.v1.summary.scalar("train_accuracy", accuracy)
+            # The two parts of the loss (tower 0's weight decay: the same in every tower).
+            tf.compat.v1.summary.scalar("cross_entropy", cross_entropy)
+            tf.compat.v1.summary.scalar("weight_decay", tower_losses[0] - tf.reduce_mean(
+                tower_xent[0]))
 
             optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.momentum)
             training_hooks = []
@@ -194,12 +246,10 @@ def make_model_fn(s: ModelSettings):
         per_global_step = None
         if s.num_workers > 1:
             per_global_step = s.train_batch_size * (s.num_workers if s.sync else 1)
-        training_hooks += [
-            hooks.ExamplesPerSecondHook(s.train_batch_size, per_global_step, every_n_steps=10),
-            tf.estimator.LoggingTensorHook(
-                {"step": global_step, "loss": loss, "learning_rate": learning_rate},
-                every_n_iter=100, formatter=_format_progress),
-        ]
+        training_hooks.append(hooks.ProgressHook(
+            s.train_batch_size, s.train_steps, loss, learning_rate, per_global_step,
+            every_secs=s.progress_secs, summary_dir=s.summary_dir if s.is_chief else None,
+            summary_steps=s.summary_steps))
         return tf.estimator.EstimatorSpec(mode, predictions=predictions, loss=loss,
                                           train_op=train_op, training_hooks=training_hooks)
 

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, distributed, evaluator, export, guards, towers
+from cifar10_estimator import cifar10, distributed, evaluator, export, guards, report, towers
 from cifar10_estimator.config import TrainConfig
 from cifar10_estimator.dataset import Cifar10DataSet
 from cifar10_estimator.errors import UserError
@@ -39,6 +39,7 @@ class TrainResult:
 
     eval_metrics: Optional[dict]
     export_path: Optional[str]
+    report_path: Optional[str] = None  # JOB/eval_report.json, by the task that evaluated
 
 
 def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
@@ -78,14 +79,15 @@ def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
             save_checkpoints_steps=config.save_checkpoints_steps,
             save_checkpoints_secs=config.checkpoint_secs,
             keep_checkpoint_max=config.keep_checkpoint_max,
-            save_summary_steps=100,
+            save_summary_steps=config.save_summary_steps,
             # The checkpoint hook would otherwise serialise the whole training graph twice
             # more at start-up (graph.pbtxt and a .meta file with every checkpoint), about a
             # second for ResNet-44; TensorBoard still gets the graph from the event file, and
             # resuming rebuilds the graph from code.
             checkpoint_save_graph_def=False,
-            # The model_fn's own hooks log step, loss, learning rate and examples/sec; the
-            # Estimator's step counter would log a second, less informative line.
+            # The model_fn's progress hook logs step/total, loss, learning rate, images/s and
+            # ETA, and writes images/s and global_step/sec summaries; the Estimator's step
+            # counter would log a second, less informative line.
             log_step_count_steps=None,
             # A worker waits this long for the chief to initialise or restore the model
             # (SessionManager.wait_for_session); Estimator's default is 7200 s.
@@ -100,7 +102,8 @@ def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
 
 
 def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
-                   train_records: int, num_classes: int = cifar10.NUM_CLASSES) -> ModelSettings:
+                   train_records: int, num_classes: int = cifar10.NUM_CLASSES,
+                   class_names: Sequence[str] = ()) -> ModelSettings:
     """Resolves the model_fn's settings from the config and the cluster.
 
     An epoch is counted in global steps: with --sync one global step consumes a batch from
@@ -130,7 +133,12 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
         sync=config.sync,
         is_chief=is_chief,
         compute_dtype="bfloat16" if config.precision == "bf16" else "float32",
-        num_classes=num_classes)
+        num_classes=num_classes,
+        class_names=tuple(class_names),
+        train_steps=config.train_steps,
+        progress_secs=config.progress_secs,
+        summary_dir=config.job_dir,
+        summary_steps=config.save_summary_steps)
 
 
 def _log_role(rc: tf.estimator.RunConfig, cluster: dict, config: TrainConfig) -> None:
@@ -175,7 +183,8 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
         cifar10.verify_split(config.data_dir, split)
     info = cifar10.dataset_info(config.data_dir)
     train_records = train_data.num_examples()
-    settings = model_settings(config, num_workers, rc.is_chief, train_records, info.num_classes)
+    settings = model_settings(config, num_workers, rc.is_chief, train_records, info.num_classes,
+                              info.class_names)
     log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
              "%d steps per epoch", config.num_layers, config.resnet_version,
              settings.data_format, ", ".join(settings.devices), num_workers, info.dataset,
@@ -218,7 +227,7 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
         with guards.training_errors(config.data_dir, config.job_dir):
             metrics = evaluator.evaluate_checkpoints(
                 estimator, eval_spec.input_fn, config.train_steps, config.eval_throttle_secs)
-        return TrainResult(metrics, None)
+        return TrainResult(metrics, None, _report(config.job_dir, metrics, info))
     try:
         with guards.training_errors(config.data_dir, config.job_dir):
             result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
@@ -229,6 +238,7 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                         f"{config.cluster_timeout_secs} s (--cluster-timeout-secs): "
                         f"{e.message.splitlines()[0]}") from None
     metrics = result[0] if result else None
+    report_path = _report(config.job_dir, metrics, info) if rc.is_chief else None
     if in_cluster:
         # Lets the parameter servers exit; the export below does not need them.
         distributed.report_done(cluster, f"{rc.task_type}:{rc.task_id}",
@@ -241,4 +251,14 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
                                                 config.resolved_export_dir,
                                                 info.class_names)
         log.info("exported SavedModel to %s", export_path)
-    return TrainResult(metrics, export_path)
+    return TrainResult(metrics, export_path, report_path)
+
+
+def _report(job_dir: str, metrics: Optional[dict], info: cifar10.DatasetInfo) -> Optional[str]:
+    """Logs the final evaluation's per-class results and writes JOB/eval_report.json."""
+    if not metrics or "confusion_matrix" not in metrics:
+        return None
+    content = report.build(metrics, info.class_names, info.dataset)
+    for line in report.log_lines(content):
+        log.info(line)
+    return report.write(job_dir, content)

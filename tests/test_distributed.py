@@ -24,8 +24,7 @@ from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
 STEPS = 40
 _RAN = re.compile(r"this task ran (\d+) training steps")
 _EVAL = re.compile(r"Saving dict for global step (\d+):")
-_RATE = re.compile(r"examples/sec: ([\d.]+) average, [\d.]+ current on this worker; "
-                   r"cluster ([\d.]+)")
+_RATE = re.compile(r"([\d.]+) images/s on average on this worker, cluster ([\d.]+) images/s")
 
 
 def _env() -> dict:
@@ -174,7 +173,7 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
     processes["chief"] = _start(chief, flags, logs["chief"])
     processes["worker"] = _start(worker, flags, logs["worker"])
     try:
-        _wait_for_line(logs["worker"], "examples/sec", processes["worker"], timeout=120)
+        _wait_for_line(logs["worker"], "images/s", processes["worker"], timeout=120)
         assert processes["chief"].poll() is None, "the chief finished before the kill"
         processes["worker"].send_signal(signal.SIGKILL)
         assert processes["chief"].wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]

@@ -22,7 +22,7 @@ from cifar10_estimator import cifar10, cpu, main
 from conftest import md5, run_generator_cli
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
 
-STEP = re.compile(r"\(step (\d+)\)")
+STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -47,7 +47,7 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
     interval = 2
     flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
              "--save-checkpoints-steps", str(interval), "--eval-throttle-secs", "100000",
-             "--train-steps", "100000"]
+             "--train-steps", "100000", "--progress-secs", "0.2"]
     rng = random.Random(7)  # repeatable kill times; with a checkpoint every 2 steps, several
     # of them land while a checkpoint is being written
     resumed = []

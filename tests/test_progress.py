@@ -1,0 +1,170 @@
+"""Training you can watch: progress lines, TensorBoard tags through the real server, reports."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator import hooks, main, report
+from trainer_fixtures import REPO, TINY_FLAGS
+
+
+def test_progress_line_says_step_total_percent_rate_and_eta():
+    line = hooks.progress_line(1200, 80_000, 650.25, 10.0, loss=0.51234, learning_rate=0.1)
+    # 78,800 steps left at 10 steps/s: 7,880 s.
+    assert line == ("step 1200/80000 (1.5%), loss 0.5123, lr 0.1: 650.2 images/s, "
+                    "ETA 2:11:20")
+    cluster = hooks.progress_line(50, 100, 300.0, 4.0, cluster_images_per_sec=600.0)
+    assert cluster == ("step 50/100 (50.0%): 300.0 images/s on this worker, cluster "
+                       "600.0 images/s, ETA 0:00:12")  # 12.5 s rounds to 12
+    assert hooks.format_duration(2 * 86400 + 3723) == "2d 1:02:03"
+    assert hooks.progress_line(5, 5, 1.0, 0.0).endswith("ETA -")
+
+
+def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(caplog):
+    # A real graph and MonitoredSession; only the clock is ours: every step "takes" 0.5 s.
+    now = [100.0]
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train_op = tf.compat.v1.assign_add(step, 1)
+        hook = hooks.ProgressHook(batch_size=8, total_steps=560, loss=tf.constant(0.25),
+                                  learning_rate=tf.constant(0.1), every_secs=4.0,
+                                  clock=lambda: now[0])
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
+            sess.run(tf.compat.v1.assign(step, 500))  # resumed at step 500
+            with caplog.at_level("INFO", logger="cifar10_estimator"):
+                for _ in range(40):
+                    now[0] += 0.5
+                    sess.run(train_op)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    # 40 steps of 0.5 s after the first (untimed) one: a line every 4 s, never every step.
+    assert 4 <= len(lines) <= 5, lines
+    # The step is read in the same run as its increment (either order): 509 or 510 after
+    # 9 steps from 500, 4 s after the first. 8 steps x 8 images in 4 s: 16 images/s.
+    import re
+
+    match = re.fullmatch(r"step (509|510)/560 \(91\.\d%\), loss 0\.2500, lr 0\.1: "
+                         r"16\.0 images/s, ETA 0:00:(\d\d)", lines[0])
+    assert match, lines[0]
+    # About 50 steps left at 2 global steps/s: 25 s (counted from the resumed start).
+    assert 24 <= int(match.group(2)) <= 26
+    assert any(r.getMessage().startswith("this task ran 41 training steps")
+               for r in caplog.records)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+@pytest.fixture(scope="module")
+def watched_run(tiny_records, tmp_path_factory):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path_factory.mktemp("watched") / "job")
+    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+                       "--train-steps", "12", "--save-summary-steps", "2",
+                       "--eval-throttle-secs", "100000"])
+    return job_dir, result
+
+
+def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run):
+    job_dir, _ = watched_run
+    port = _free_port()
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    server = subprocess.Popen([tensorboard, "--logdir", job_dir, "--port", str(port),
+                               "--host", "127.0.0.1", "--load_fast", "false"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        tags = {}
+        while time.monotonic() < deadline:
+            try:
+                tags = _get_json(f"{base}/data/plugin/scalars/tags")
+                if "." in tags and "eval" in tags and "images_per_sec" in tags["."]:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        train = set(tags.get(".", {}))
+        assert {"loss", "learning_rate", "train_accuracy", "cross_entropy", "weight_decay",
+                "images_per_sec", "global_step/sec"} <= train, tags
+        assert not [t for t in train if t.endswith("_1")], train  # no clashing names
+        evaluation = set(tags["eval"])
+        assert {"accuracy", "cross_entropy", "loss"} <= evaluation
+        assert {f"per_class_accuracy/{n}" for n in
+                ("airplane", "automobile", "truck")} <= evaluation
+        points = _get_json(f"{base}/data/plugin/scalars/scalars?run=.&tag=images_per_sec")
+        assert points and all(p[2] > 0 for p in points)  # [wall time, step, value]
+        assert [p[1] for p in points] == sorted(p[1] for p in points)
+        images = _get_json(f"{base}/data/plugin/images/tags")
+        assert any("confusion_matrix" in tag for tag in images.get("eval", {})), images
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_the_final_evaluation_writes_a_report_and_the_run_ends_with_a_summary(
+        watched_run, tiny_records):
+    job_dir, result = watched_run
+    content = json.load(open(os.path.join(job_dir, report.REPORT_FILE)))
+    assert result.report_path == os.path.join(job_dir, report.REPORT_FILE)
+    assert content["global_step"] == 12 and content["dataset"] == "cifar10"
+    assert len(content["class_names"]) == 10
+    confusion = np.array(content["confusion_matrix"])
+    assert confusion.shape == (10, 10) and confusion.sum() == 37  # every eval record once
+    assert content["accuracy"] == pytest.approx(np.trace(confusion) / 37, abs=1e-6)
+    per_class = content["per_class_accuracy"]
+    _, rows = tiny_records
+    for i, name in enumerate(content["class_names"]):
+        count = int((rows["eval"][1] == i).sum())
+        assert confusion[i].sum() == count
+        assert per_class[name] == pytest.approx(confusion[i, i] / count if count else 0.0)
+
+
+def test_report_helpers_find_the_most_confused_pairs():
+    confusion = np.array([[5, 3, 0], [0, 6, 1], [4, 0, 2]])
+    pairs = report.most_confused(confusion, ["a", "b", "c"])
+    assert pairs == [("c", "a", 4), ("a", "b", 3), ("b", "c", 1)]
+    lines = report.log_lines(report.build(
+        {"confusion_matrix": confusion, "global_step": 7, "accuracy": 13 / 21},
+        ["a", "b", "c"], "test"))
+    assert lines[0] == "per-class accuracy at step 7 (test):"
+    assert "a  62.5% (5/8)" in lines[1] and "c  33.3% (2/6)" in lines[1]
+    assert lines[-1] == ("most confused: c taken for a (4 images); a taken for b (3 images); "
+                         "b taken for c (1 images)")
+
+
+def test_the_command_line_prints_progress_table_and_summary(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
+                           "--job-dir", job_dir, *TINY_FLAGS, "--train-steps", "60",
+                           "--progress-secs", "0.2", "--eval-throttle-secs", "100000"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    progress = [l for l in lines if " step " in l and "/60 (" in l]
+    assert progress and "images/s" in progress[-1] and "ETA" in progress[-1]
+    assert any("per-class accuracy at step 60 (cifar10):" in l for l in lines)
+    assert any("most confused:" in l for l in lines) or all(
+        "100.0%" in l for l in lines if "%" in l and "(" in l)
+    summary = lines.index(next(l for l in lines if "run summary:" in l))
+    tail = "\n".join(lines[summary:])
+    assert "final accuracy" in tail and "images/s" in tail
+    assert "predict:    python -m cifar10_estimator.predict --saved-model" in tail
+    assert f"report:     {job_dir}/eval_report.json" in tail
+    assert "\x1b[" not in proc.stderr and "\r" not in proc.stderr  # no terminal controls
