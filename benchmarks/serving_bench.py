@@ -2,7 +2,8 @@
 
 Trains a tiny run of the real CLI to get a checkpoint and its export, builds the same ResNet
 as a Keras functional model, loads the checkpoint's values into it by variable name and checks
-that both give the same probabilities. Then, alternating (A B C ...), it measures images/s at
+that both give the same probabilities. Then, alternating (A B C ..., the order rotated every
+run), it measures images/s at
 batch 1, 32 and 256 through each SavedModel signature (``serving_default`` images,
 ``serving_bytes`` PNG files, ``serving_examples`` records) and through Keras
 (``model.predict`` and a ``tf.function`` call), and p50/p99 latency at batch 1.
@@ -142,7 +143,10 @@ def main() -> None:
                 "Keras model.predict": lambda: keras.predict(x, batch_size=batch, verbose=0),
                 "Keras tf.function": lambda: keras_fn(x).numpy(),
             }
-            for name, fn in cells.items():
+            # Rotate the order every run, so no contender is always first after a batch change.
+            order = list(cells.items())
+            shift = run % len(order)
+            for name, fn in order[shift:] + order[:shift]:
                 images_per_sec, lat = rate(fn, batch, args.seconds)
                 results.setdefault((name, batch), []).append(images_per_sec)
                 if batch == 1:

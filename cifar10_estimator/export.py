@@ -15,10 +15,9 @@ and the image-folder generator use; bytes that are no image fail the request wit
 TensorFlow's "Unknown image file format" error, and the server goes on. ``classify`` serves
 TensorFlow Serving's Classify API.
 
-One copy of the network serves every signature: ``images`` is a ``placeholder_with_default``
-whose default is the concatenation of the images decoded from ``image_bytes`` and parsed from
-``examples``, both empty unless fed. The export computes in ``channels_last`` on one device
-with devices cleared, whatever the training layout (the variables do not depend on it).
+Each input has its own copy of the network over the same variables, so a request runs only
+its own decoding. The export computes in ``channels_last`` on one device with devices cleared,
+whatever the training layout (the variables do not depend on it).
 
 ``assets.extra/`` holds ``class_names.txt`` (one name per line, for tools) and, when the
 optional ``tensorflow-serving-api`` package is installed (``pip install -e '.[serving]'``),
@@ -61,30 +60,40 @@ def _remove_unfinished(export_dir: str) -> None:
 
 
 def _serving_graph(settings: ModelSettings, class_names: Sequence[str]) -> dict:
-    """Builds the serving graph in the default graph; returns its signature defs."""
-    image_bytes = tf.compat.v1.placeholder_with_default(
-        tf.constant([], tf.string), [None], name="image_bytes")
-    examples = tf.compat.v1.placeholder_with_default(
-        tf.constant([], tf.string), [None], name="examples")
-    decoded = tf.map_fn(image_ops.to_cifar_pixels, image_bytes,
-                        fn_output_signature=tf.TensorSpec(
-                            [cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS], tf.uint8))
-    parsed = cifar10.decode_images(tf.io.parse_example(examples, cifar10.FEATURE_SPEC)["image"])
-    images = tf.compat.v1.placeholder_with_default(
-        tf.cast(tf.concat([decoded, parsed], axis=0), tf.float32),
-        [None, cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS], name="images")
-    spec = make_model_fn(settings)({"image": images}, None, tf.estimator.ModeKeys.PREDICT)
+    """Builds the serving graph in the default graph; returns its signature defs.
+
+    Each input gets its own copy of the network (the variables are shared), so a signature
+    runs only its own decoding: a single copy behind a ``placeholder_with_default`` kept the
+    other inputs' (empty) decoding in every signature and served small batches ~10 % slower
+    (benchmarks/serving_bench.py).
+    """
     names = tf.constant(list(class_names), tf.string, name="class_name_table")
-    probabilities = spec.predictions["probabilities"]
-    outputs = {**spec.predictions,
-               "class_names": tf.gather(names, spec.predictions["classes"], name="class_names")}
-    batch = tf.shape(probabilities)[0]
-    all_names = tf.tile(names[None, :], [batch, 1], name="classify_classes")
+    model_fn = make_model_fn(settings)
+
+    def outputs_for(images: tf.Tensor, reuse: bool) -> dict:
+        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=reuse):
+            spec = model_fn({"image": images}, None, tf.estimator.ModeKeys.PREDICT)
+        return {**spec.predictions,
+                "class_names": tf.gather(names, spec.predictions["classes"])}
+
+    shape = [None, cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS]
+    images = tf.compat.v1.placeholder(tf.float32, shape, name="images")
+    image_bytes = tf.compat.v1.placeholder(tf.string, [None], name="image_bytes")
+    examples = tf.compat.v1.placeholder(tf.string, [None], name="examples")
+    decoded = tf.map_fn(image_ops.to_cifar_pixels, image_bytes,
+                        fn_output_signature=tf.TensorSpec(shape[1:], tf.uint8))
+    parsed = cifar10.decode_images(tf.io.parse_example(examples, cifar10.FEATURE_SPEC)["image"])
+    by_images = outputs_for(images, reuse=False)
+    by_bytes = outputs_for(tf.cast(decoded, tf.float32), reuse=True)
+    by_examples = outputs_for(tf.cast(parsed, tf.float32), reuse=True)
+    probabilities = by_examples["probabilities"]
+    all_names = tf.tile(names[None, :], [tf.shape(probabilities)[0], 1],
+                        name="classify_classes")
     predict = tf.compat.v1.saved_model.predict_signature_def
     return {
-        IMAGES_SIGNATURE: predict({"images": images}, outputs),
-        BYTES_SIGNATURE: predict({"image_bytes": image_bytes}, outputs),
-        EXAMPLES_SIGNATURE: predict({"examples": examples}, outputs),
+        IMAGES_SIGNATURE: predict({"images": images}, by_images),
+        BYTES_SIGNATURE: predict({"image_bytes": image_bytes}, by_bytes),
+        EXAMPLES_SIGNATURE: predict({"examples": examples}, by_examples),
         CLASSIFY_SIGNATURE: tf.compat.v1.saved_model.classification_signature_def(
             examples, all_names, probabilities),
     }

@@ -80,5 +80,6 @@ def log_lines(report: dict) -> list[str]:
     pairs = report["most_confused"]
     if pairs:
         lines.append("most confused: " + "; ".join(
-            f"{p['true']} taken for {p['predicted']} ({p['images']} images)" for p in pairs))
+            f"{p['true']} taken for {p['predicted']} ({p['images']} "
+            f"image{'' if p['images'] == 1 else 's'})" for p in pairs))
     return lines

@@ -31,7 +31,10 @@ def test_predict_mode_has_predictions_and_export_outputs_and_no_training():
 def test_eval_mode_has_weighted_metrics_and_no_optimizer():
     with tf.Graph().as_default():
         spec = _spec(ModeKeys.EVAL, weight=[1] * 6 + [0, 0])
-        assert set(spec.eval_metric_ops) == {"accuracy", "cross_entropy"}
+        per_class = {f"per_class_accuracy/class_{i}" for i in range(10)}
+        assert set(spec.eval_metric_ops) == {"accuracy", "cross_entropy", "confusion_matrix",
+                                             "confusion_matrix_image",
+                                             "confusion_matrix_classes"} | per_class
         assert spec.train_op is None and spec.loss.shape == ()
         assert not [v for v in tf.compat.v1.global_variables() if "Momentum" in v.name]
         with tf.compat.v1.Session() as sess:
