@@ -165,7 +165,7 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
     steps = 300
     ps, chief, worker = cluster.plan(num_workers=2, num_ps=1, evaluator=False)
     flags = _trainer_flags(data_dir, job_dir, "--cluster-timeout-secs", "10",
-                           "--save-checkpoints-steps", "50")
+                           "--save-checkpoints-steps", "50", "--progress-secs", "0.5")
     flags[flags.index("--train-steps") + 1] = str(steps)
     logs = {name: tmp_path / f"{name}.log" for name in ("ps", "chief", "worker")}
     # A parameter server needs no flags at all.
@@ -173,7 +173,8 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
     processes["chief"] = _start(chief, flags, logs["chief"])
     processes["worker"] = _start(worker, flags, logs["worker"])
     try:
-        _wait_for_line(logs["worker"], "images/s", processes["worker"], timeout=120)
+        # A progress line: the worker is training (its end-of-run line also says images/s).
+        _wait_for_line(logs["worker"], "images/s, ETA", processes["worker"], timeout=120)
         assert processes["chief"].poll() is None, "the chief finished before the kill"
         processes["worker"].send_signal(signal.SIGKILL)
         assert processes["chief"].wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
