@@ -235,7 +235,9 @@ def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees
             t.start()
         _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
         chief.kill()
-        killed_at = max(_checkpoints_saved(chief))
+        # What a rerun resumes from: the latest complete checkpoint (the "Saving checkpoints"
+        # line comes before the files, so the kill may land before that one is written).
+        killed_at = checkpoint_step(tf.train.latest_checkpoint(job_dir))
         chief.start()  # rerun the same command
         _wait_for(lambda: chief.text().count("Saving checkpoints for") >= 4,
                   "checkpoints of the restarted chief", tasks)
