@@ -1,7 +1,7 @@
 """Seconds from the final evaluation to the written SavedModel, over several trainer runs.
 
 TF 2.15's tf.data autotuning thread could hold ``Session.close`` for 10-60 s at the end of
-training (see ``dataset._without_autotuning``). This runs ``python -m cifar10_estimator`` as a
+training (see ``dataset.without_autotuning``). This runs ``python -m cifar10_estimator`` as a
 user would (augmentation on), stamps every log line as it arrives, and prints per run the
 seconds from the final evaluation's result line to the "exported SavedModel" line, plus the
 number of tf.data autotuning log lines (``TF_CPP_VMODULE=model=2``: zero once autotuning is

@@ -27,7 +27,7 @@ PAD = 4  # pixels of zero padding before the random crop (He et al. 2015, sectio
 IN_FLIGHT_BATCHES = 2  # batches parsed (and augmented) ahead of the step, training and eval
 
 
-def _without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """Switches tf.data's autotuning off for a pipeline whose parallelism is fixed.
 
     With autotuning on, every iterator starts a model thread (``Model::OptimizeLoop``) that
@@ -139,7 +139,7 @@ class Cifar10DataSet:
 
         # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone
         # makes ~75,000 images/s on 2 cores, the step consumes ~1,000 (benchmarks/).
-        return _without_autotuning(
+        return without_autotuning(
             batches.enumerate().map(parse, num_parallel_calls=IN_FLIGHT_BATCHES,
                                     deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES))
 
@@ -159,6 +159,6 @@ class Cifar10DataSet:
 
         # Whole batches are parsed by one vectorised map, so two in flight keep the eval step
         # fed as they do the training step (benchmarks/input_pipeline_bench.py --subset eval).
-        return _without_autotuning(
+        return without_autotuning(
             records.batch(batch_size).map(parse, num_parallel_calls=IN_FLIGHT_BATCHES)
             .prefetch(IN_FLIGHT_BATCHES))

@@ -104,14 +104,14 @@ def decode_files(paths: Sequence[str], parallel: int | None = None) -> np.ndarra
     """uint8 CHW rows [N, 3072] of the image files, decoded and resized in parallel."""
     import tensorflow as tf
 
+    from cifar10_estimator.dataset import without_autotuning
+
     _check_headers(paths)
     parallel = parallel or os.cpu_count() or 1
-    options = tf.data.Options()
-    options.autotune.enabled = False  # fixed parallelism; see dataset._without_autotuning
-    pixels = (tf.data.Dataset.from_tensor_slices(list(paths))
-              .map(lambda p: images.to_cifar_pixels(tf.io.read_file(p)),
-                   num_parallel_calls=parallel)
-              .batch(_BATCH).prefetch(1).with_options(options))
+    pixels = without_autotuning(  # fixed parallelism, as the training pipelines
+        tf.data.Dataset.from_tensor_slices(list(paths))
+        .map(lambda p: images.to_cifar_pixels(tf.io.read_file(p)), num_parallel_calls=parallel)
+        .batch(_BATCH).prefetch(1))
     rows = []
     try:
         for batch in pixels:

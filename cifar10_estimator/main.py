@@ -145,8 +145,10 @@ def run(argv: Optional[Sequence[str]] = None):
 def _checkpoint_step(job_dir: str) -> int:
     import tensorflow as tf
 
+    from cifar10_estimator.evaluator import checkpoint_step
+
     latest = tf.train.latest_checkpoint(job_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else 0
+    return checkpoint_step(latest) if latest else 0
 
 
 def run_summary(config: TrainConfig, result, seconds: float, steps: int) -> list[str]:

@@ -156,7 +156,7 @@ def make_model_fn(s: ModelSettings):
                 bn_decay = batch_norm_decay_schedule(
                     tf.compat.v1.train.get_or_create_global_step(), s.batch_norm_decay)
 
-        tower_logits, tower_xent, tower_grads, tower_losses = [], [], [], []
+        tower_logits, tower_xent, tower_grads, tower_losses, tower_l2 = [], [], [], [], []
         update_ops = []
         for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
             with tf.compat.v1.variable_scope("resnet", reuse=i > 0):
@@ -167,6 +167,7 @@ def make_model_fn(s: ModelSettings):
                         if xent is None:
                             continue
                         tower_xent.append(xent)
+                        tower_l2.append(l2)
                         loss = tf.reduce_mean(xent) + l2
                         tower_losses.append(loss)
                         if is_training:
@@ -219,8 +220,7 @@ def make_model_fn(s: ModelSettings):
             tf.compat.v1.summary.scalar("train_accuracy", accuracy)
             # The two parts of the loss (tower 0's weight decay: the same in every tower).
             tf.compat.v1.summary.scalar("cross_entropy", cross_entropy)
-            tf.compat.v1.summary.scalar("weight_decay", tower_losses[0] - tf.reduce_mean(
-                tower_xent[0]))
+            tf.compat.v1.summary.scalar("weight_decay", tower_l2[0])
 
             optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.momentum)
             training_hooks = []
