@@ -255,7 +255,10 @@ def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees
     second_run = worker.text().split("---- start")[-1]
     ran = re.search(r"this task ran (\d+) training steps", second_run)
     assert ran and int(ran.group(1)) > 0, second_run[-3000:]
-    assert f"final evaluation at step {final}" in ev.text()
+    # The evaluator's final evaluation is of the first checkpoint at or past --train-steps;
+    # asynchronously the chief can still save one a step later (a worker's last update).
+    evaluated = [int(v) for v in re.findall(r"final evaluation at step (\d+)", ev.text())]
+    assert len(evaluated) == 1 and 1200 <= evaluated[0] <= final, (evaluated, final)
     assert len(_exported(job_dir)) == 1
 
 
