@@ -14,7 +14,9 @@ blocks of He et al., "Identity Mappings in Deep Residual Networks", ECCV 2016
 The builder knows nothing about losses, optimizers, devices or summaries. Variables are made
 with ``tf.compat.v1.get_variable`` so the caller's variable scope (reuse across towers) and
 device functions (where variables live) apply to them. Batch-norm moving-average updates are
-added to the ``UPDATE_OPS`` collection; the caller decides which tower's updates to run.
+added to the ``UPDATE_OPS`` collection; the caller decides which tower's updates to run. For
+serving, ``fold_batch_norm`` folds every batch norm that directly follows a convolution into
+it, over the same variables (so the same checkpoint fits).
 """
 
 import tensorflow as tf
@@ -36,10 +38,13 @@ class _Builder:
     """Holds the per-graph settings shared by every layer of one forward pass."""
 
     def __init__(self, is_training, data_format, batch_norm_decay, batch_norm_epsilon,
-                 compute_dtype):
+                 compute_dtype, fold_batch_norm=False):
         if data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
+        if fold_batch_norm and is_training:
+            raise ValueError("batch norm can be folded into convolutions only for inference")
         self.is_training = is_training
+        self.fold = fold_batch_norm
         self.nchw = data_format == "channels_first"
         self.bn_decay = batch_norm_decay
         self.bn_epsilon = batch_norm_epsilon
@@ -52,15 +57,15 @@ class _Builder:
     def _strides(self, s):
         return [1, 1, s, s] if self.nchw else [1, s, s, 1]
 
-    def conv(self, x, filters, stride, name):
-        """3x3 convolution without bias (batch norm follows every convolution)."""
-        in_filters = x.shape[self.channel_axis]
+    def _kernel(self, in_filters, filters, name):
         # He et al. 2015 ("Delving Deep into Rectifiers", arXiv:1502.01852) initialisation,
         # which the ResNet paper uses (section 3.4).
-        kernel = tf.compat.v1.get_variable(
+        return tf.compat.v1.get_variable(
             f"{name}/kernel", [3, 3, in_filters, filters], tf.float32,
             initializer=tf.compat.v1.variance_scaling_initializer(
                 scale=2.0, mode="fan_in", distribution="truncated_normal"))
+
+    def _convolve(self, x, kernel, stride):
         if stride > 1:
             # Pad explicitly and symmetrically: SAME padding at stride 2 pads only the bottom
             # and right edges of an even-sized input, which shifts every feature map.
@@ -72,20 +77,25 @@ class _Builder:
         return tf.nn.conv2d(x, tf.cast(kernel, self.dtype), self._strides(stride), padding,
                             data_format="NCHW" if self.nchw else "NHWC")
 
+    def conv(self, x, filters, stride, name):
+        """3x3 convolution without bias (batch norm follows every convolution)."""
+        return self._convolve(x, self._kernel(x.shape[self.channel_axis], filters, name), stride)
+
+    def _bn_variables(self, channels, name):
+        """gamma, beta, moving mean, moving variance."""
+        with tf.compat.v1.variable_scope(name):
+            return tuple(tf.compat.v1.get_variable(
+                var, [channels], tf.float32, trainable=trainable, initializer=init())
+                for var, trainable, init in (
+                    ("gamma", True, tf.compat.v1.ones_initializer),
+                    ("beta", True, tf.compat.v1.zeros_initializer),
+                    ("moving_mean", False, tf.compat.v1.zeros_initializer),
+                    ("moving_variance", False, tf.compat.v1.ones_initializer)))
+
     def batch_norm(self, x, name):
         """Fused batch norm; in training, queues the moving-average updates in UPDATE_OPS."""
-        channels = x.shape[self.channel_axis]
-        with tf.compat.v1.variable_scope(name):
-            gamma = tf.compat.v1.get_variable("gamma", [channels], tf.float32,
-                                              initializer=tf.compat.v1.ones_initializer())
-            beta = tf.compat.v1.get_variable("beta", [channels], tf.float32,
-                                             initializer=tf.compat.v1.zeros_initializer())
-            moving_mean = tf.compat.v1.get_variable(
-                "moving_mean", [channels], tf.float32, trainable=False,
-                initializer=tf.compat.v1.zeros_initializer())
-            moving_variance = tf.compat.v1.get_variable(
-                "moving_variance", [channels], tf.float32, trainable=False,
-                initializer=tf.compat.v1.ones_initializer())
+        gamma, beta, moving_mean, moving_variance = self._bn_variables(
+            x.shape[self.channel_axis], name)
         fmt = "NCHW" if self.nchw else "NHWC"
         if self.is_training:
             # Fused batch norm computes its statistics in float32 even for bfloat16 inputs.
@@ -99,6 +109,25 @@ class _Builder:
                 x, gamma, beta, mean=moving_mean, variance=moving_variance,
                 epsilon=self.bn_epsilon, data_format=fmt, is_training=False)
         return y
+
+    def conv_bn(self, x, filters, stride, conv_name, bn_name):
+        """A convolution and the batch norm right after it.
+
+        Folded (inference only), they are one convolution: the batch norm's per-channel
+        scale gamma / sqrt(variance + epsilon) multiplies the kernel's output channels and
+        the rest of the affine map becomes a bias. With constant weights TensorFlow
+        precomputes both, and the bias, the residual add and the ReLU fuse into the
+        convolution (Ioffe and Szegedy 2015, arXiv:1502.03167, section 3: at inference batch
+        norm is a linear transform).
+        """
+        if not self.fold:
+            return self.batch_norm(self.conv(x, filters, stride, conv_name), bn_name)
+        kernel = self._kernel(x.shape[self.channel_axis], filters, conv_name)
+        gamma, beta, mean, variance = self._bn_variables(filters, bn_name)
+        scale = gamma * tf.math.rsqrt(variance + self.bn_epsilon)
+        return tf.nn.bias_add(self._convolve(x, kernel * scale, stride),
+                              tf.cast(beta - mean * scale, self.dtype),
+                              data_format="NCHW" if self.nchw else "NHWC")
 
     def shortcut(self, x, out_filters, stride):
         """Option A: average-pool by the stride, zero-pad the added channels on both sides."""
@@ -116,16 +145,15 @@ class _Builder:
     def block_v1(self, x, out_filters, stride, name):
         """Post-activation basic block: conv-BN-ReLU-conv-BN, add shortcut, ReLU."""
         with tf.compat.v1.variable_scope(name):
-            y = tf.nn.relu(self.batch_norm(self.conv(x, out_filters, stride, "conv1"), "bn1"))
-            y = self.batch_norm(self.conv(y, out_filters, 1, "conv2"), "bn2")
+            y = tf.nn.relu(self.conv_bn(x, out_filters, stride, "conv1", "bn1"))
+            y = self.conv_bn(y, out_filters, 1, "conv2", "bn2")
             return tf.nn.relu(y + self.shortcut(x, out_filters, stride))
 
     def block_v2(self, x, out_filters, stride, name):
         """Pre-activation basic block: BN-ReLU-conv-BN-ReLU-conv, add shortcut (no final ReLU)."""
         with tf.compat.v1.variable_scope(name):
             y = tf.nn.relu(self.batch_norm(x, "bn1"))
-            y = self.conv(y, out_filters, stride, "conv1")
-            y = tf.nn.relu(self.batch_norm(y, "bn2"))
+            y = tf.nn.relu(self.conv_bn(y, out_filters, stride, "conv1", "bn2"))
             y = self.conv(y, out_filters, 1, "conv2")
             return y + self.shortcut(x, out_filters, stride)
 
@@ -133,7 +161,8 @@ class _Builder:
 def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, version: int = 1,
                  data_format: str = "channels_last", batch_norm_decay=0.997,
                  batch_norm_epsilon: float = 1e-5, num_classes: int = 10,
-                 compute_dtype: tf.DType = tf.float32) -> tf.Tensor:
+                 compute_dtype: tf.DType = tf.float32,
+                 fold_batch_norm: bool = False) -> tf.Tensor:
     """Builds the ResNet forward pass.
 
     Args:
@@ -148,6 +177,8 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
       num_classes: width of the logits.
       compute_dtype: tf.float32, or tf.bfloat16 for reduced-precision convolutions (variables
         and the returned logits stay float32).
+      fold_batch_norm: inference only: fold each batch norm that follows a convolution into
+        it (the same function up to float rounding; faster with constant weights).
 
     Returns:
       float32 logits [batch, num_classes].
@@ -158,7 +189,8 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
     n = blocks_per_stage(num_layers)
     if version not in (1, 2):
         raise ValueError(f"ResNet version must be 1 or 2, got {version}")
-    b = _Builder(is_training, data_format, batch_norm_decay, batch_norm_epsilon, compute_dtype)
+    b = _Builder(is_training, data_format, batch_norm_decay, batch_norm_epsilon, compute_dtype,
+                 fold_batch_norm)
     block = b.block_v1 if version == 1 else b.block_v2
 
     # Scale 0..255 to [-1, 1) as the original tutorial did (x / 128 - 1).
@@ -167,9 +199,10 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
         x = tf.transpose(x, [0, 3, 1, 2])
     x = tf.cast(x, compute_dtype)
 
-    x = b.conv(x, NUM_FILTERS[0], 1, "stem")  # 32x32x16
     if version == 1:
-        x = tf.nn.relu(b.batch_norm(x, "stem_bn"))
+        x = tf.nn.relu(b.conv_bn(x, NUM_FILTERS[0], 1, "stem", "stem_bn"))  # 32x32x16
+    else:
+        x = b.conv(x, NUM_FILTERS[0], 1, "stem")
     for stage, (filters, stride) in enumerate(zip(NUM_FILTERS[1:], STAGE_STRIDES), start=1):
         for i in range(n):
             x = block(x, filters, stride if i == 0 else 1, f"stage{stage}/block{i}")

@@ -94,3 +94,32 @@ def test_training_mode_queues_one_update_pair_per_batch_norm():
         moving = [v for v in tf.compat.v1.global_variables() if "moving_" in v.name]
     # ResNet-8: stem + 3 blocks x 2 batch norms = 7, each with a mean and a variance.
     assert len(updates) == len(moving) == 14
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_folding_batch_norm_into_convolutions_computes_the_same_logits(version):
+    """The export's folded network equals the plain one, with batch-norm statistics far from
+    their initial values (so a wrong scale or shift would show)."""
+    images = np.random.default_rng(0).uniform(0, 255, (3, 32, 32, 3)).astype(np.float32)
+    logits = {}
+    for fold in (False, True):
+        with tf.Graph().as_default():
+            out = resnet.resnet_cifar(tf.constant(images), is_training=False, num_layers=8,
+                                      version=version, fold_batch_norm=fold)
+            with tf.compat.v1.Session() as sess:
+                for v in tf.compat.v1.global_variables():
+                    rng = np.random.default_rng(sum(map(ord, v.op.name)))
+                    value = rng.normal(0, 0.3, v.shape.as_list()).astype(np.float32)
+                    sess.run(v.assign(np.abs(value) + 0.5 if "variance" in v.name else value))
+                logits[fold] = sess.run(out)
+                names = sorted(v.op.name for v in tf.compat.v1.global_variables())
+        logits[f"names{fold}"] = names
+    assert logits["namesFalse"] == logits["namesTrue"]  # the same checkpoint fits both
+    np.testing.assert_allclose(logits[True], logits[False], rtol=1e-4, atol=1e-4)
+    assert np.abs(logits[False]).max() > 0.1  # not a trivially zero output
+
+
+def test_batch_norm_is_folded_only_for_inference():
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="only for inference"):
+        resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=True, num_layers=8,
+                            fold_batch_norm=True)
