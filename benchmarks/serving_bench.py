@@ -5,7 +5,9 @@ as a Keras functional model, loads the checkpoint's values into it by variable n
 that both give the same probabilities. Then, alternating (A B C ..., the order rotated every
 run), it measures images/s at
 batch 1, 32 and 256 through each SavedModel signature (``serving_default`` images,
-``serving_bytes`` PNG files, ``serving_examples`` records) and through Keras
+``serving_bytes`` PNG files, ``serving_examples`` records) as ``tf.saved_model.load`` gives
+them, ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
+``Session``, fed and fetched by the signature's tensor names), and through Keras
 (``model.predict`` and a ``tf.function`` call), and p50/p99 latency at batch 1.
 
     python benchmarks/serving_bench.py --depth 20 --runs 3
@@ -117,6 +119,12 @@ def main() -> None:
     model = tf.saved_model.load(saved_model)
     keras = keras_resnet(args.depth, tf.train.latest_checkpoint(job_dir))
     keras_fn = tf.function(lambda x: keras(x, training=False))
+    session = tf.compat.v1.Session(graph=tf.Graph())
+    with session.graph.as_default():
+        signature = tf.compat.v1.saved_model.load(session, ["serve"], saved_model).signature_def[
+            "serving_default"]
+    feed_name = signature.inputs["images"].name
+    fetch_name = signature.outputs["probabilities"].name
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (max(map(int, args.batches.split(","))), 32, 32, 3))
     images = images.astype(np.float32)
@@ -136,6 +144,8 @@ def main() -> None:
             cells = {
                 "SavedModel serving_default": lambda: model.signatures["serving_default"](
                     images=x)["probabilities"].numpy(),
+                "SavedModel serving_default, Session": lambda: session.run(
+                    fetch_name, {feed_name: images[:batch]}),
                 "SavedModel serving_bytes (PNG)": lambda: model.signatures["serving_bytes"](
                     image_bytes=pngs)["probabilities"].numpy(),
                 "SavedModel serving_examples": lambda: model.signatures["serving_examples"](
@@ -157,12 +167,12 @@ def main() -> None:
     names = sorted({name for name, _ in results}, key=lambda n: (not n.startswith("Saved"), n))
     batches = sorted({b for _, b in results})
     print(f"\nimages/s, median of {args.runs} alternating runs (ResNet-{args.depth}, fp32):")
-    print(f"{'':34}" + "".join(f"{'batch ' + str(b):>12}" for b in batches)
+    print(f"{'':38}" + "".join(f"{'batch ' + str(b):>12}" for b in batches)
           + f"{'p50 ms (b1)':>14}{'p99 ms (b1)':>14}")
     for name in names:
         lat = sorted(latency.get(name, [0.0]))
         p50, p99 = lat[len(lat) // 2] * 1e3, lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
-        print(f"{name:34}" + "".join(f"{statistics.median(results[(name, b)]):>12,.0f}"
+        print(f"{name:38}" + "".join(f"{statistics.median(results[(name, b)]):>12,.0f}"
                                      for b in batches) + f"{p50:>14.2f}{p99:>14.2f}")
 
 

@@ -15,9 +15,21 @@ and the image-folder generator use; bytes that are no image fail the request wit
 TensorFlow's "Unknown image file format" error, and the server goes on. ``classify`` serves
 TensorFlow Serving's Classify API.
 
-Each input has its own copy of the network over the same variables, so a request runs only
-its own decoding. The export computes in ``channels_last`` on one device with devices cleared,
-whatever the training layout (the variables do not depend on it).
+The export is a TF2 SavedModel made for inference: one network function, called by every
+signature, with the checkpoint's weights frozen into it as constants and each batch norm folded
+into the convolution before it (the checkpoints in the job dir stay the training state). Each
+choice was measured with benchmarks/serving_bench.py:
+- constant weights let oneDNN reorder each convolution's filter once and keep it, instead of
+  on every request;
+- folded batch norms leave a bias, which oneDNN fuses with the residual add and the ReLU into
+  the convolution;
+- ``tf.saved_model.load`` turns a TF1-format SavedModel's signatures into functions whose
+  Python signature is empty, so every call first fails to bind its inputs, formats the whole
+  input tensor into an error message it then drops, and retries (TF 2.15,
+  ``function_type_utils.bind_function_inputs``): 10 % of the time at batch 32.
+The network is built in ``channels_last`` without device placements, whatever the training
+layout and devices (the weights do not depend on them). A checkpoint of another depth or
+ResNet version is refused before anything is written.
 
 ``assets.extra/`` holds ``class_names.txt`` (one name per line, for tools) and, when the
 optional ``tensorflow-serving-api`` package is installed (``pip install -e '.[serving]'``),
@@ -28,7 +40,6 @@ The SavedModel is written under a temporary name and renamed into
 ``<export_dir>/<unix time>`` only when complete (the layout TensorFlow Serving watches).
 """
 
-import dataclasses
 import logging
 import os
 import shutil
@@ -37,10 +48,11 @@ from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
-from cifar10_estimator import cifar10, images as image_ops
+from cifar10_estimator import cifar10, images as image_ops, resnet
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.model_fn import ModelSettings, make_model_fn
+from cifar10_estimator.model_fn import ModelSettings
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -50,6 +62,7 @@ EXAMPLES_SIGNATURE = "serving_examples"
 CLASSIFY_SIGNATURE = "classify"
 CLASS_NAMES_FILE = os.path.join("assets.extra", "class_names.txt")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+_IMAGE_SHAPE = [cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS]
 
 
 def _remove_unfinished(export_dir: str) -> None:
@@ -59,44 +72,117 @@ def _remove_unfinished(export_dir: str) -> None:
             shutil.rmtree(os.path.join(export_dir, name), ignore_errors=True)
 
 
-def _serving_graph(settings: ModelSettings, class_names: Sequence[str]) -> dict:
-    """Builds the serving graph in the default graph; returns its signature defs.
+class _FrozenWeights:
+    """A variable-scope custom getter that answers every variable with the checkpoint's value
+    as a constant. ``check_all_used`` then refuses a checkpoint of another architecture."""
 
-    Each input gets its own copy of the network (the variables are shared), so a signature
-    runs only its own decoding: a single copy behind a ``placeholder_with_default`` kept the
-    other inputs' (empty) decoding in every signature and served small batches ~10 % slower
-    (benchmarks/serving_bench.py).
+    def __init__(self, checkpoint_path: str):
+        self.checkpoint_path = checkpoint_path
+        self.reader = tf.train.load_checkpoint(checkpoint_path)
+        self.shapes = self.reader.get_variable_to_shape_map()
+        self.used: set[str] = set()
+
+    def _mismatch(self, what: str) -> UserError:
+        return UserError(f"checkpoint {self.checkpoint_path} {what}: export it with the "
+                         f"--num-layers and --resnet-version it was trained with")
+
+    def __call__(self, getter, name, shape=None, **_):
+        if list(self.shapes.get(name, [-1])) != list(shape):
+            found = f"has {name} as {self.shapes[name]}" if name in self.shapes else "lacks it"
+            raise self._mismatch(f"{found}, but the model needs {name} of shape {list(shape)}")
+        self.used.add(name)
+        return tf.constant(self.reader.get_tensor(name), name=name.replace("/", "_"))
+
+    def check_all_used(self, scope: str) -> None:
+        """Raises UserError if the checkpoint has network weights under ``scope`` that the
+        model did not ask for (a shallower model fits inside a deeper one's checkpoint).
+        Optimizer slots (``<variable>/Momentum``) are not weights."""
+        names = [name for name in self.shapes if name.startswith(scope + "/")]
+        owners = self.used | set(names)
+        unused = sorted(name for name in names if name not in self.used
+                        and not any(name.startswith(o + "/") for o in owners))
+        if unused:
+            raise self._mismatch(f"has {len(unused)} weights this model does not use "
+                                 f"(such as {unused[0]})")
+
+
+class _ServingModule(tf.Module):
+    """The exported functions: one network, and one function per signature around it."""
+
+    def __init__(self, settings: ModelSettings, weights: _FrozenWeights,
+                 class_names: Sequence[str]):
+        super().__init__()
+        names = list(class_names)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32)])
+        def network(images):
+            with tf.compat.v1.variable_scope("resnet", custom_getter=weights):
+                logits = resnet.resnet_cifar(
+                    images, is_training=False, num_layers=settings.num_layers,
+                    version=settings.resnet_version, data_format="channels_last",
+                    batch_norm_epsilon=settings.batch_norm_epsilon,
+                    num_classes=len(names), fold_batch_norm=True)
+            # The names model_fn's predictions use, so Estimator.predict agrees with serving.
+            classes = tf.argmax(logits, axis=1, name="classes")
+            return {"classes": classes,
+                    "probabilities": tf.nn.softmax(logits, name="probabilities"),
+                    "class_names": tf.gather(tf.constant(names), classes)}
+
+        def from_pixels(pixels):
+            return network(tf.cast(pixels, tf.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32,
+                                                    name="images")])
+        def by_images(images):
+            return network(images)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+        def by_bytes(image_bytes):
+            return from_pixels(tf.map_fn(image_ops.to_cifar_pixels, image_bytes,
+                                         fn_output_signature=tf.TensorSpec(_IMAGE_SHAPE,
+                                                                           tf.uint8)))
+
+        def parse(serialized):
+            return cifar10.decode_images(
+                tf.io.parse_example(serialized, cifar10.FEATURE_SPEC)["image"])
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def by_examples(examples):
+            return from_pixels(parse(examples))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def classify(inputs):
+            probabilities = from_pixels(parse(inputs))["probabilities"]
+            # TF Serving's Classify API: "classes" are the labels, "scores" their scores.
+            return {"classes": tf.tile(tf.constant(names)[None, :],
+                                       [tf.shape(probabilities)[0], 1]),
+                    "scores": probabilities}
+
+        network.get_concrete_function()  # traces it: the weights are read now
+        weights.check_all_used("resnet")
+        self.network = network
+        self.serving_signatures = {IMAGES_SIGNATURE: by_images, BYTES_SIGNATURE: by_bytes,
+                           EXAMPLES_SIGNATURE: by_examples, CLASSIFY_SIGNATURE: classify}
+
+
+def _set_classify_method(folder: str) -> None:
+    """Gives the ``classify`` signature TF Serving's classify method.
+
+    ``tf.saved_model.save`` writes every signature as a predict signature and has no
+    argument for the method, so the saved proto is edited, and its fingerprint rewritten.
     """
-    names = tf.constant(list(class_names), tf.string, name="class_name_table")
-    model_fn = make_model_fn(settings)
+    path = os.path.join(folder, "saved_model.pb")
+    proto = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    for meta_graph in proto.meta_graphs:
+        meta_graph.signature_def[CLASSIFY_SIGNATURE].method_name = (
+            tf.saved_model.CLASSIFY_METHOD_NAME)
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+    from tensorflow.python.saved_model import fingerprinting_utils  # not in the public API
 
-    def outputs_for(images: tf.Tensor, reuse: bool) -> dict:
-        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=reuse):
-            spec = model_fn({"image": images}, None, tf.estimator.ModeKeys.PREDICT)
-        return {**spec.predictions,
-                "class_names": tf.gather(names, spec.predictions["classes"])}
-
-    shape = [None, cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS]
-    images = tf.compat.v1.placeholder(tf.float32, shape, name="images")
-    image_bytes = tf.compat.v1.placeholder(tf.string, [None], name="image_bytes")
-    examples = tf.compat.v1.placeholder(tf.string, [None], name="examples")
-    decoded = tf.map_fn(image_ops.to_cifar_pixels, image_bytes,
-                        fn_output_signature=tf.TensorSpec(shape[1:], tf.uint8))
-    parsed = cifar10.decode_images(tf.io.parse_example(examples, cifar10.FEATURE_SPEC)["image"])
-    by_images = outputs_for(images, reuse=False)
-    by_bytes = outputs_for(tf.cast(decoded, tf.float32), reuse=True)
-    by_examples = outputs_for(tf.cast(parsed, tf.float32), reuse=True)
-    probabilities = by_examples["probabilities"]
-    all_names = tf.tile(names[None, :], [tf.shape(probabilities)[0], 1],
-                        name="classify_classes")
-    predict = tf.compat.v1.saved_model.predict_signature_def
-    return {
-        IMAGES_SIGNATURE: predict({"images": images}, by_images),
-        BYTES_SIGNATURE: predict({"image_bytes": image_bytes}, by_bytes),
-        EXAMPLES_SIGNATURE: predict({"examples": examples}, by_examples),
-        CLASSIFY_SIGNATURE: tf.compat.v1.saved_model.classification_signature_def(
-            examples, all_names, probabilities),
-    }
+    fingerprinting_utils.write_fingerprint(folder)
 
 
 def _warmup_requests(model_name: str = "cifar10") -> list[bytes]:
@@ -161,37 +247,28 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
     Raises:
       UserError: the export folder cannot be written.
     """
-    serving = dataclasses.replace(settings, data_format="channels_last", devices=("/cpu:0",),
-                                  variable_strategy="CPU", compute_dtype="float32",
-                                  num_classes=len(class_names))
+    weights = _FrozenWeights(checkpoint_path)
     version = int(time.time())
     while os.path.exists(os.path.join(export_dir, str(version))):
         version += 1
     final = os.path.join(export_dir, str(version))
     tmp = os.path.join(export_dir, f".{version}.tmp")
-    requests = _warmup_requests()  # eagerly, before the export's graph is entered
-    with tf.Graph().as_default():
-        signatures = _serving_graph(serving, class_names)
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session() as sess:
-            saver.restore(sess, checkpoint_path)
-            try:
-                os.makedirs(export_dir, exist_ok=True)
-                _remove_unfinished(export_dir)
-                builder = tf.compat.v1.saved_model.Builder(tmp)
-                builder.add_meta_graph_and_variables(
-                    sess, [tf.saved_model.SERVING], signature_def_map=signatures,
-                    clear_devices=True, strip_default_attrs=True, saver=saver)
-                builder.save()
-                _write_assets(tmp, class_names, requests)
-                # The rename is the commit: a numbered folder is always a complete export.
-                os.rename(tmp, final)
-            except (OSError, tf.errors.OpError) as e:
-                shutil.rmtree(tmp, ignore_errors=True)
-                reason = e.strerror if isinstance(e, OSError) else e.message.splitlines()[0]
-                raise UserError(f"cannot write the SavedModel under {export_dir}: {reason}; "
-                                f"free space or choose another --export-dir") from None
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+    requests = _warmup_requests()
+    module = _ServingModule(settings, weights, class_names)
+    try:
+        os.makedirs(export_dir, exist_ok=True)
+        _remove_unfinished(export_dir)
+        tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
+        _set_classify_method(tmp)
+        _write_assets(tmp, class_names, requests)
+        # The rename is the commit: a numbered folder is always a complete export.
+        os.rename(tmp, final)
+    except (OSError, tf.errors.OpError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = e.strerror if isinstance(e, OSError) else e.message.splitlines()[0]
+        raise UserError(f"cannot write the SavedModel under {export_dir}: {reason}; "
+                        f"free space or choose another --export-dir") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final

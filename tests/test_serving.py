@@ -9,6 +9,7 @@ for inputs named ``*_bytes``), and the warm-up file read with ``tensorflow_servi
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, export, main, predict
+from cifar10_estimator import cifar10, export, main, model_fn, predict, resnet
+from cifar10_estimator.errors import UserError
 from trainer_fixtures import REPO, TINY_FLAGS
 
 _SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
@@ -106,6 +108,70 @@ def test_the_classify_signature_has_the_classify_method_for_tf_serving(exported)
     assert "inputs['inputs']" in block and "outputs['classes']" in block
     bytes_block = proc.stdout.split("signature_def['serving_bytes']")[1].split("signature_def[")[0]
     assert "inputs['image_bytes']" in bytes_block and "dtype: DT_STRING" in bytes_block
+
+
+def test_a_session_runs_every_signature_by_tensor_names_as_tf_serving_does(exported):
+    """TF Serving's C++ loader restores the MetaGraph into a Session and runs each signature
+    by its tensor names; ``tf.compat.v1.saved_model.load`` does the same from Python."""
+    png = tf.io.encode_png(np.full((9, 13, 3), 200, np.uint8)).numpy()
+    record = cifar10.encode_example(bytes(cifar10.IMAGE_BYTES), 0)
+    feeds = {"serving_default": {"images": np.zeros((2, 32, 32, 3), np.float32)},
+             "serving_bytes": {"image_bytes": [png, png]},
+             "serving_examples": {"examples": [record, record]},
+             "classify": {"inputs": [record, record]}}
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        meta_graph = tf.compat.v1.saved_model.load(sess, ["serve"], exported)
+        for name, inputs in feeds.items():
+            signature = meta_graph.signature_def[name]
+            out = sess.run({k: v.name for k, v in signature.outputs.items()},
+                           {signature.inputs[k].name: v for k, v in inputs.items()})
+            assert out["scores" if name == "classify" else "probabilities"].shape == (2, 10)
+    assert meta_graph.signature_def["classify"].method_name == "tensorflow/serving/classify"
+
+
+def test_signatures_bind_inputs_by_name_and_carry_frozen_weights(exported, tmp_path):
+    """The export is a TF2 SavedModel: its loaded signatures know their input names (a TF1
+    export's do not, and TF formats the whole input into a dropped error on every call), and
+    the weights are constants (no variables to read per request). Its fingerprint is the
+    one TensorFlow computes for the edited proto."""
+    from tensorflow.python.saved_model import fingerprinting_utils
+
+    model = tf.saved_model.load(exported)
+    for name, key in (("serving_default", "images"), ("serving_bytes", "image_bytes"),
+                      ("serving_examples", "examples"), ("classify", "inputs")):
+        assert list(model.signatures[name].function_type.parameters) == [key]
+    assert not model.signatures["serving_default"].variables
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    os.remove(copy / "fingerprint.pb")
+    fingerprinting_utils.write_fingerprint(str(copy))
+    assert (tf.saved_model.experimental.read_fingerprint(str(copy)) ==
+            tf.saved_model.experimental.read_fingerprint(exported))
+
+
+def _checkpoint_of(num_layers: int, folder) -> str:
+    """A real checkpoint of a ResNet of this depth (initial weights, no training)."""
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("resnet"):
+            resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=False,
+                                num_layers=num_layers)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(sess, str(folder / "model.ckpt"))
+
+
+@pytest.mark.parametrize("trained, asked", [(14, 8), (8, 14)])
+def test_a_checkpoint_of_another_depth_is_refused_and_nothing_is_written(
+        trained, asked, tmp_path):
+    checkpoint = _checkpoint_of(trained, tmp_path)
+    out = tmp_path / "export"
+    with pytest.raises(UserError, match="--num-layers and --resnet-version") as error:
+        export.export_saved_model(model_fn.ModelSettings(num_layers=asked), checkpoint,
+                                  str(out))
+    assert ("weights this model does not use" if trained > asked else "lacks it") in str(
+        error.value)
+    assert not out.exists() or not os.listdir(out)
 
 
 def test_saved_model_cli_runs_the_bytes_signature_from_input_exprs(exported, tmp_path):
