@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, hooks, resnet, towers
+from cifar10_estimator import cifar10, confusion_image, hooks, resnet, towers
 
 PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 # Marks the check_numerics failure of a NaN or infinite loss (see guards.training_errors).
@@ -120,16 +120,13 @@ def per_class_metrics(labels, classes, weight, names: Sequence[str]) -> dict:
     update = tf.compat.v1.assign_add(counts, tf.math.confusion_matrix(
         labels, classes, num_classes=num, weights=weight, dtype=tf.float32))
     metrics["confusion_matrix"] = (tf.identity(counts), update)
-    # A picture of the row-normalised matrix for TensorBoard's image tab (dark = frequent);
-    # Estimator writes a metric whose value is a serialized Summary as that summary.
-    rows = counts / tf.maximum(tf.reduce_sum(counts, axis=1, keepdims=True), 1.0)
-    scale = max(1, 256 // num)
-    picture = tf.image.resize(tf.cast(255.0 * (1.0 - rows), tf.uint8)[None, :, :, None],
-                              [num * scale, num * scale], method="nearest")
+    # The labelled picture for TensorBoard's image tab; Estimator writes a metric whose value
+    # is a serialized Summary as that summary.
     metrics["confusion_matrix_image"] = (
-        tf.compat.v1.summary.image("confusion_matrix", picture, collections=[]),
+        tf.compat.v1.summary.image("confusion_matrix", confusion_image.draw(counts, names),
+                                   collections=[]),
         tf.no_op())
-    # The rows and columns of that picture, in order, as a text summary.
+    # The class names in full and in order (the picture cuts long ones), as text.
     metrics["confusion_matrix_classes"] = (tf.compat.v1.summary.text(
         "confusion_matrix_classes",
         tf.constant([f"{i}: {n}" for i, n in enumerate(names)]), collections=[]), tf.no_op())

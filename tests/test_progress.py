@@ -6,13 +6,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import hooks, main, report
+from cifar10_estimator import bitmap_font, cifar10, confusion_image, hooks, main, report
 from trainer_fixtures import REPO, TINY_FLAGS
 
 
@@ -113,7 +114,19 @@ def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run):
         assert points and all(p[2] > 0 for p in points)  # [wall time, step, value]
         assert [p[1] for p in points] == sorted(p[1] for p in points)
         images = _get_json(f"{base}/data/plugin/images/tags")
-        assert any("confusion_matrix" in tag for tag in images.get("eval", {})), images
+        tag = next((t for t in images.get("eval", {}) if "confusion_matrix" in t), None)
+        assert tag, images
+        entries = _get_json(f"{base}/data/plugin/images/images?run=eval&sample=0&tag="
+                            + urllib.parse.quote(tag))
+        with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
+                                    + entries[-1]["query"], timeout=10) as response:
+            picture = tf.io.decode_png(response.read()).numpy()
+        # The labelled picture: its size and legend are those the class names lay out.
+        plan = confusion_image.layout(cifar10.CLASS_NAMES)
+        assert picture.shape == plan.canvas.shape
+        legend = bitmap_font.render(confusion_image.LEGEND)
+        assert ((picture[:legend.shape[0], 1:1 + legend.shape[1]] == 0).all(-1)
+                == legend).all()
     finally:
         server.terminate()
         server.wait(10)
