@@ -215,8 +215,9 @@ def test_a_parameter_server_killed_and_restarted_mid_run_the_job_still_finishes(
     for t in tasks:
         assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 800
-    # The chief put the latest checkpoint back into the new parameter server.
-    assert chief.text().count("Restoring parameters from") >= 2, chief.text()[-3000:]
+    # The chief put the latest checkpoint back into the new parameter server (its job dir
+    # was empty at start, so every restore is the recovery).
+    assert chief.text().count("Restoring parameters from") >= 1, chief.text()[-3000:]
     assert "parameter server 0: training finished, exiting" in ps.text()
     assert len(_exported(job_dir)) == 1
 
