@@ -88,6 +88,10 @@ class TrainConfig:
         15.0, "seconds of wall time between two progress lines (step/total, images/s, ETA)")
     export_dir: Optional[str] = _field(
         None, "where the SavedModel goes, in a numbered subfolder (default: JOB_DIR/export)")
+    export_best: bool = _field(
+        False, "also export every evaluation that beats the best accuracy so far into "
+               "EXPORT_DIR/best/<version>, keeping only the best (true/false); evaluations run "
+               "in a local job or on a cluster's evaluator task")
     seed: Optional[int] = _field(None, "random seed for initialisation, shuffling and augmentation")
     cluster_timeout_secs: int = _field(
         600, "in a cluster, how long a task waits for the others (for the parameter servers "

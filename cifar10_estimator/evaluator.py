@@ -14,6 +14,8 @@ It also crashes if ``keep_checkpoint_max`` deletes a checkpoint between finding 
 - It evaluates the final checkpoint (global step >= ``train_steps``) as soon as it exists,
   whatever the throttle, and returns its metrics.
 - A checkpoint deleted before it could be read is skipped with one log line.
+- ``on_evaluation(metrics, checkpoint_path)``, if given, runs after every evaluation (the
+  best-export of ``--export-best``).
 
 The results go to ``JOB/eval`` for TensorBoard, as Estimator's own loop writes them.
 """
@@ -40,7 +42,8 @@ def _is_gone(checkpoint_path: str) -> bool:
 def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
                          train_steps: int, throttle_secs: float, poll_secs: float = 1.0,
                          clock: Callable[[], float] = time.monotonic,
-                         sleep: Callable[[float], None] = time.sleep) -> dict:
+                         sleep: Callable[[float], None] = time.sleep,
+                         on_evaluation: Optional[Callable[[dict, str], object]] = None) -> dict:
     """Evaluates the job's checkpoints until the final one; returns the final metrics.
 
     Args:
@@ -51,6 +54,7 @@ def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
         runs; the final checkpoint is evaluated at once.
       poll_secs: how often to look for a new checkpoint.
       clock, sleep: time sources (tests pass their own).
+      on_evaluation: called with the metrics and the checkpoint path after each evaluation.
     """
     model_dir = estimator.model_dir
     last_path: Optional[str] = None
@@ -76,6 +80,8 @@ def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
                     last_path = path
                     continue
                 last_path, last_started = path, started
+                if on_evaluation is not None:
+                    on_evaluation(metrics, path)
                 if final:
                     return metrics
             elif waiting_logged != path:

@@ -31,20 +31,25 @@ The network is built in ``channels_last`` without device placements, whatever th
 layout and devices (the weights do not depend on them). A checkpoint of another depth or
 ResNet version is refused before anything is written.
 
-``assets.extra/`` holds ``class_names.txt`` (one name per line, for tools) and, when the
+``assets.extra/`` holds ``class_names.txt`` (one name per line, for tools),
+``eval_metrics.json`` (the scalars of the checkpoint's evaluation, when there was one) and, when the
 optional ``tensorflow-serving-api`` package is installed (``pip install -e '.[serving]'``),
 ``tf_serving_warmup_requests``: one PredictionLog per signature in TensorFlow Serving's
 warm-up format, so a server runs each signature once before it takes traffic.
 
 The SavedModel is written under a temporary name and renamed into
 ``<export_dir>/<unix time>`` only when complete (the layout TensorFlow Serving watches).
+``BestExport`` keeps ``<export_dir>/best/<version>``, the export of the best evaluation so far
+(``--export-best``).
 """
 
+import concurrent.futures
+import json
 import logging
 import os
 import shutil
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +66,8 @@ BYTES_SIGNATURE = "serving_bytes"
 EXAMPLES_SIGNATURE = "serving_examples"
 CLASSIFY_SIGNATURE = "classify"
 CLASS_NAMES_FILE = os.path.join("assets.extra", "class_names.txt")
+EVAL_METRICS_FILE = os.path.join("assets.extra", "eval_metrics.json")
+BEST_SUBDIR = "best"
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 _IMAGE_SHAPE = [cifar10.HEIGHT, cifar10.WIDTH, cifar10.CHANNELS]
 
@@ -220,10 +227,14 @@ def _warmup_requests(model_name: str = "cifar10") -> list[bytes]:
     return [entry.SerializeToString() for entry in logs]
 
 
-def _write_assets(folder: str, class_names: Sequence[str], requests: Sequence[bytes]) -> None:
+def _write_assets(folder: str, class_names: Sequence[str], requests: Sequence[bytes],
+                  metrics: Optional[dict]) -> None:
     os.makedirs(os.path.join(folder, "assets.extra"))
     with open(os.path.join(folder, CLASS_NAMES_FILE), "w") as f:
         f.write("".join(f"{name}\n" for name in class_names))
+    if metrics is not None:
+        with open(os.path.join(folder, EVAL_METRICS_FILE), "w") as f:
+            json.dump(_scalar_metrics(metrics), f, indent=1, sort_keys=True)
     if not requests:
         log.info("no %s: install the optional tensorflow-serving-api package "
                  "(pip install -e '.[serving]') to write TF Serving warm-up requests",
@@ -234,12 +245,24 @@ def _write_assets(folder: str, class_names: Sequence[str], requests: Sequence[by
             writer.write(request)
 
 
+def _scalar_metrics(metrics: dict) -> dict:
+    """The scalar metrics of an evaluation (accuracy, loss, global_step, ...) as JSON values."""
+    out = {}
+    for key, value in metrics.items():
+        value = np.asarray(value)
+        if value.shape == () and value.dtype.kind in "iuf":
+            out[key] = value.item()
+    return out
+
+
 def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir: str,
-                       class_names: Sequence[str] = cifar10.CLASS_NAMES) -> str:
+                       class_names: Sequence[str] = cifar10.CLASS_NAMES,
+                       metrics: Optional[dict] = None) -> str:
     """Writes the SavedModel of ``checkpoint_path`` into a new numbered folder of ``export_dir``.
 
     ``class_names`` (label order) become the ``class_names`` outputs, the ``classify``
-    signature's classes and ``assets.extra/class_names.txt``.
+    signature's classes and ``assets.extra/class_names.txt``. ``metrics``, the checkpoint's
+    evaluation, go to ``assets.extra/eval_metrics.json`` (its scalars).
 
     Returns:
       The path of the new SavedModel folder.
@@ -247,6 +270,12 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
     Raises:
       UserError: the export folder cannot be written.
     """
+    if not tf.executing_eagerly():
+        # Estimator calls exporters inside its own finalized graph, and tf.saved_model.save
+        # needs eager execution; a new thread starts in it (both are per thread).
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(export_saved_model, settings, checkpoint_path, export_dir,
+                               class_names, metrics).result()
     weights = _FrozenWeights(checkpoint_path)
     version = int(time.time())
     while os.path.exists(os.path.join(export_dir, str(version))):
@@ -260,7 +289,7 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
         _remove_unfinished(export_dir)
         tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
         _set_classify_method(tmp)
-        _write_assets(tmp, class_names, requests)
+        _write_assets(tmp, class_names, requests, metrics)
         # The rename is the commit: a numbered folder is always a complete export.
         os.rename(tmp, final)
     except (OSError, tf.errors.OpError) as e:
@@ -272,3 +301,62 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+class BestExport:
+    """Keeps ``<export_dir>/best/<version>``: the export of the best evaluation so far.
+
+    ``consider`` exports a checkpoint whose evaluation has a higher accuracy than every earlier
+    one, then deletes the older best exports, so the folder (a TF Serving model base path of
+    its own) holds one version. The best accuracy so far is read back from the exports'
+    ``eval_metrics.json``, so a resumed job goes on with the same contest.
+    """
+
+    def __init__(self, settings: ModelSettings, export_dir: str,
+                 class_names: Sequence[str] = cifar10.CLASS_NAMES):
+        self.settings = settings
+        self.folder = os.path.join(export_dir, BEST_SUBDIR)
+        self.class_names = class_names
+
+    def _versions(self) -> list[str]:
+        if not os.path.isdir(self.folder):
+            return []
+        return [os.path.join(self.folder, v) for v in os.listdir(self.folder) if v.isdigit()]
+
+    def best_accuracy(self) -> Optional[float]:
+        """The highest accuracy among the best exports there are (None if there is none)."""
+        best = None
+        for version in self._versions():
+            try:
+                with open(os.path.join(version, EVAL_METRICS_FILE)) as f:
+                    accuracy = float(json.load(f)["accuracy"])
+            except (OSError, ValueError, KeyError):
+                continue  # not one of ours
+            best = accuracy if best is None else max(best, accuracy)
+        return best
+
+    def consider(self, metrics: dict, checkpoint_path: str) -> Optional[str]:
+        """Exports ``checkpoint_path`` if ``metrics["accuracy"]`` beats the best so far.
+
+        Returns the new export's path, or None (not better, or the checkpoint was deleted by
+        ``--keep-checkpoint-max`` before it could be read).
+        """
+        accuracy = float(metrics["accuracy"])
+        best = self.best_accuracy()
+        if best is not None and accuracy <= best:
+            return None
+        older = self._versions()
+        try:
+            path = export_saved_model(self.settings, checkpoint_path, self.folder,
+                                      self.class_names, metrics)
+        except (tf.errors.NotFoundError, ValueError):
+            if tf.io.gfile.glob(checkpoint_path + ".index"):
+                raise
+            log.info("checkpoint %s was deleted before it could be exported "
+                     "(--keep-checkpoint-max); keeping the best export there is",
+                     os.path.basename(checkpoint_path))
+            return None
+        for version in older:
+            shutil.rmtree(version, ignore_errors=True)
+        log.info("best accuracy so far, %.2f%%: exported to %s", 100 * accuracy, path)
+        return path

@@ -12,7 +12,8 @@ until the training tasks are done (``distributed.run_parameter_server``); ``chie
 ``--train-steps`` (``evaluator.evaluate_checkpoints``; Estimator's own evaluator loop would
 sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in the cluster, as
 Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the chief saves
-checkpoints and exports.
+checkpoints and exports; with ``--export-best`` the task that evaluates (locally, the only one;
+in a cluster, the evaluator) also exports each evaluation that beats the best so far.
 """
 
 import dataclasses
@@ -220,13 +221,21 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
     train_spec = tf.estimator.TrainSpec(
         lambda: train_data.make_batch(config.train_batch_size, seed=config.seed),
         max_steps=config.train_steps, hooks=train_hooks)
+    best = (export.BestExport(settings, config.resolved_export_dir, info.class_names)
+            if config.export_best else None)
+    if best and in_cluster and "evaluator" not in cluster and rc.is_chief:
+        log.info("--export-best: the best export is made by the evaluator task, and this "
+                 "cluster lists none (start one with the same flags and "
+                 "TF_CONFIG task type 'evaluator')")
     eval_spec = tf.estimator.EvalSpec(
         lambda: eval_data.make_batch(config.eval_batch_size),
-        steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs)
+        steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
+        exporters=[_BestExporter(best)] if best else None)
     if rc.task_type == "evaluator":
         with guards.training_errors(config.data_dir, config.job_dir):
             metrics = evaluator.evaluate_checkpoints(
-                estimator, eval_spec.input_fn, config.train_steps, config.eval_throttle_secs)
+                estimator, eval_spec.input_fn, config.train_steps, config.eval_throttle_secs,
+                on_evaluation=best.consider if best else None)
         return TrainResult(metrics, None, _report(config.job_dir, metrics, info))
     try:
         with guards.training_errors(config.data_dir, config.job_dir):
@@ -247,11 +256,29 @@ def train_and_evaluate(config: TrainConfig) -> TrainResult:
     export_path = None
     if rc.is_chief:
         checkpoint = tf.train.latest_checkpoint(config.job_dir)
+        # The final evaluation is of the final checkpoint when it ran here (locally).
+        evaluated = metrics if metrics and metrics.get("global_step") == (
+            evaluator.checkpoint_step(checkpoint)) else None
         export_path = export.export_saved_model(settings, checkpoint,
                                                 config.resolved_export_dir,
-                                                info.class_names)
+                                                info.class_names, evaluated)
         log.info("exported SavedModel to %s", export_path)
     return TrainResult(metrics, export_path, report_path)
+
+
+class _BestExporter(tf.estimator.Exporter):
+    """Estimator's hook after each local evaluation, handing it to ``export.BestExport``."""
+
+    def __init__(self, best: export.BestExport):
+        self._best = best
+
+    @property
+    def name(self) -> str:
+        return export.BEST_SUBDIR
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        return self._best.consider(eval_result, checkpoint_path)
 
 
 def _report(job_dir: str, metrics: Optional[dict], info: cifar10.DatasetInfo) -> Optional[str]:

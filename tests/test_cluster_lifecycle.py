@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import tensorflow as tf
 
 from cifar10_estimator import cluster, evaluator
@@ -110,7 +111,7 @@ def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_ch
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     configs = operator_tf_configs()
-    flags = _flags(data_dir, job_dir, "--train-steps", "60")
+    flags = _flags(data_dir, job_dir, "--train-steps", "60", "--export-best")
     tasks = [Task("ps", configs["ps"], [], tmp_path), Task("chief", configs["chief"], flags,
                                                             tmp_path),
              Task("worker", configs["worker"], flags, tmp_path),
@@ -129,7 +130,14 @@ def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_ch
     ev = tasks[3].text()
     assert [int(v) for v in _EVAL.findall(ev)][-1] == final
     assert f"final evaluation at step {final}" in ev
-    assert len(_exported(job_dir)) == 1
+    assert sorted(_exported(job_dir))[-1] == "best" and len(_exported(job_dir)) == 2
+    # --export-best: the evaluator exported its best evaluation (the first one, on ties).
+    accuracies = [float(a) for a in re.findall(r"global step \d+: accuracy = ([0-9.]+)", ev)]
+    best = os.listdir(os.path.join(job_dir, "export", "best"))
+    assert len(best) == 1 and accuracies, (best, ev[-3000:])
+    with open(os.path.join(job_dir, "export", "best", best[0], "assets.extra",
+                           "eval_metrics.json")) as f:
+        assert json.load(f)["accuracy"] == pytest.approx(max(accuracies), abs=1e-6)
     chief, ps, ev_task = tasks[1], tasks[0], tasks[3]
     # Every task exits by itself, within seconds of the chief (not a 600 s throttle later).
     assert ev_task.exited_at - chief.exited_at < 30

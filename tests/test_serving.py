@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, export, main, model_fn, predict, resnet
+from cifar10_estimator import cifar10, export, main, model_fn, predict
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import REPO, TINY_FLAGS
+from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_of
 
 _SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
@@ -150,21 +150,10 @@ def test_signatures_bind_inputs_by_name_and_carry_frozen_weights(exported, tmp_p
             tf.saved_model.experimental.read_fingerprint(exported))
 
 
-def _checkpoint_of(num_layers: int, folder) -> str:
-    """A real checkpoint of a ResNet of this depth (initial weights, no training)."""
-    with tf.Graph().as_default():
-        with tf.compat.v1.variable_scope("resnet"):
-            resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=False,
-                                num_layers=num_layers)
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            return tf.compat.v1.train.Saver().save(sess, str(folder / "model.ckpt"))
-
-
 @pytest.mark.parametrize("trained, asked", [(14, 8), (8, 14)])
 def test_a_checkpoint_of_another_depth_is_refused_and_nothing_is_written(
         trained, asked, tmp_path):
-    checkpoint = _checkpoint_of(trained, tmp_path)
+    checkpoint = checkpoint_of(trained, tmp_path)
     out = tmp_path / "export"
     with pytest.raises(UserError, match="--num-layers and --resnet-version") as error:
         export.export_saved_model(model_fn.ModelSettings(num_layers=asked), checkpoint,

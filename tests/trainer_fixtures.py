@@ -6,8 +6,9 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from cifar10_estimator import cifar10
+from cifar10_estimator import cifar10, resnet
 from cifar10_estimator.evaluator import checkpoint_step  # noqa: F401  (for the tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,3 +61,14 @@ def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: 
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def checkpoint_of(num_layers: int, folder, name: str = "model.ckpt") -> str:
+    """A real checkpoint of a ResNet of this depth (initial weights, no training)."""
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("resnet"):
+            resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=False,
+                                num_layers=num_layers)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return tf.compat.v1.train.Saver().save(sess, os.path.join(str(folder), name))
