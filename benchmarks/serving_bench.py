@@ -3,12 +3,12 @@
 Trains a tiny run of the real CLI to get a checkpoint and its export, builds the same ResNet
 as a Keras functional model, loads the checkpoint's values into it by variable name and checks
 that both give the same probabilities. Then, alternating (A B C ..., the order rotated every
-run), it measures images/s at
-batch 1, 32 and 256 through each SavedModel signature (``serving_default`` images,
-``serving_bytes`` PNG files, ``serving_examples`` records) as ``tf.saved_model.load`` gives
-them, ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
-``Session``, fed and fetched by the signature's tensor names), and through Keras
-(``model.predict`` and a ``tf.function`` call), and p50/p99 latency at batch 1.
+run), it measures images/s at batch 1, 32 and 256 and p50/p99 latency at batch 1 through:
+- each SavedModel signature as ``tf.saved_model.load`` gives it (``serving_default`` images,
+  ``serving_bytes`` PNG files, ``serving_examples`` and ``classify`` records);
+- ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
+  ``Session``, fed and fetched by the signature's tensor names);
+- Keras: ``model.predict`` and a ``tf.function`` call.
 
     python benchmarks/serving_bench.py --depth 20 --runs 3
 """
@@ -150,6 +150,8 @@ def main() -> None:
                     image_bytes=pngs)["probabilities"].numpy(),
                 "SavedModel serving_examples": lambda: model.signatures["serving_examples"](
                     examples=records)["probabilities"].numpy(),
+                "SavedModel classify (records)": lambda: model.signatures["classify"](
+                    inputs=records)["scores"].numpy(),
                 "Keras model.predict": lambda: keras.predict(x, batch_size=batch, verbose=0),
                 "Keras tf.function": lambda: keras_fn(x).numpy(),
             }
