@@ -35,7 +35,8 @@ def checkpoint_step(checkpoint_path: str) -> int:
     return int(checkpoint_path.rsplit("-", 1)[1])
 
 
-def _is_gone(checkpoint_path: str) -> bool:
+def checkpoint_gone(checkpoint_path: str) -> bool:
+    """True once a checkpoint's files are deleted (as ``--keep-checkpoint-max`` does)."""
     return not tf.io.gfile.glob(checkpoint_path + ".index")
 
 
@@ -71,7 +72,7 @@ def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
                 try:
                     metrics = estimator.evaluate(input_fn, checkpoint_path=path)
                 except (tf.errors.NotFoundError, ValueError):
-                    if not _is_gone(path):
+                    if not checkpoint_gone(path):
                         raise
                     # --keep-checkpoint-max removed it after it was listed: the next one
                     # is newer anyway.

@@ -57,6 +57,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from cifar10_estimator import cifar10, images as image_ops, resnet
 from cifar10_estimator.errors import UserError
+from cifar10_estimator.evaluator import checkpoint_gone
 from cifar10_estimator.model_fn import ModelSettings
 
 log = logging.getLogger("cifar10_estimator")
@@ -104,10 +105,9 @@ class _FrozenWeights:
         """Raises UserError if the checkpoint has network weights under ``scope`` that the
         model did not ask for (a shallower model fits inside a deeper one's checkpoint).
         Optimizer slots (``<variable>/Momentum``) are not weights."""
-        names = [name for name in self.shapes if name.startswith(scope + "/")]
-        owners = self.used | set(names)
-        unused = sorted(name for name in names if name not in self.used
-                        and not any(name.startswith(o + "/") for o in owners))
+        names = {name for name in self.shapes if name.startswith(scope + "/")}
+        unused = sorted(name for name in names - self.used
+                        if not any(name.startswith(owner + "/") for owner in names))
         if unused:
             raise self._mismatch(f"has {len(unused)} weights this model does not use "
                                  f"(such as {unused[0]})")
@@ -350,7 +350,7 @@ class BestExport:
             path = export_saved_model(self.settings, checkpoint_path, self.folder,
                                       self.class_names, metrics)
         except (tf.errors.NotFoundError, ValueError):
-            if tf.io.gfile.glob(checkpoint_path + ".index"):
+            if not checkpoint_gone(checkpoint_path):
                 raise
             log.info("checkpoint %s was deleted before it could be exported "
                      "(--keep-checkpoint-max); keeping the best export there is",

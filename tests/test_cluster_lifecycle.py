@@ -201,6 +201,13 @@ def _cluster(tmp_path, flags: list[str], with_evaluator: bool) -> list[Task]:
     return tasks
 
 
+def _start_until_a_second_checkpoint(tasks: list[Task], chief: Task) -> None:
+    """Starts every task and returns once the chief has saved two checkpoints (mid-run)."""
+    for t in tasks:
+        t.start()
+    _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+
+
 def test_a_parameter_server_killed_and_restarted_mid_run_the_job_still_finishes(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
@@ -210,9 +217,7 @@ def test_a_parameter_server_killed_and_restarted_mid_run_the_job_still_finishes(
     tasks = _cluster(tmp_path, flags, with_evaluator=False)
     ps, chief, worker = tasks
     try:
-        for t in tasks:
-            t.start()
-        _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+        _start_until_a_second_checkpoint(tasks, chief)
         assert chief.poll() is None, "training ended before the kill"
         ps.kill()
         time.sleep(1)
@@ -240,9 +245,7 @@ def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees
     tasks = _cluster(tmp_path, flags, with_evaluator=True)
     ps, chief, worker, ev = tasks
     try:
-        for t in tasks:
-            t.start()
-        _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+        _start_until_a_second_checkpoint(tasks, chief)
         chief.kill()
         # What a rerun resumes from: the latest complete checkpoint (the "Saving checkpoints"
         # line comes before the files, so the kill may land before that one is written).
@@ -280,9 +283,7 @@ def test_a_parameter_server_that_never_comes_back_ends_every_trainer_with_one_li
     tasks = _cluster(tmp_path, flags, with_evaluator=False)
     ps, chief, worker = tasks
     try:
-        for t in tasks:
-            t.start()
-        _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
+        _start_until_a_second_checkpoint(tasks, chief)
         ps.kill()
         _wait_all([chief, worker], timeout=90)
     finally:
