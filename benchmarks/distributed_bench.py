@@ -36,7 +36,7 @@ from sample_records import make_sample_records
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from cifar10_estimator import cluster  # noqa: E402
+from cifar10_estimator.training import launcher  # noqa: E402
 
 RATE_LINE = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 CONFIGS = {  # key: (label, training tasks, sync)
@@ -122,8 +122,8 @@ def run_once(args, key: str, data_dir: str, work: str) -> tuple[float, float, in
         run_local(flags, recorder)
         names = ["chief"]
     else:
-        tasks = cluster.plan(num_workers=trainers, num_ps=1, evaluator=False)
-        if cluster.Cluster(tasks, flags, out=recorder).run(timeout_secs=1800) != 0:
+        tasks = launcher.plan(num_workers=trainers, num_ps=1, evaluator=False)
+        if launcher.Cluster(tasks, flags, out=recorder).run(timeout_secs=1800) != 0:
             raise RuntimeError("the cluster failed:\n" + "\n".join(
                 line for _, line in recorder.lines[-40:]))
         names = ["chief"] + [f"worker{i}" for i in range(trainers - 1)]

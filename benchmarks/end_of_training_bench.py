@@ -1,7 +1,7 @@
 """Seconds from the final evaluation to the written SavedModel, over several trainer runs.
 
 TF 2.15's tf.data autotuning thread could hold ``Session.close`` for 10-60 s at the end of
-training (see ``dataset.without_autotuning``). This runs ``python -m cifar10_estimator`` as a
+training (see ``data.pipeline.without_autotuning``). This runs ``python -m cifar10_estimator`` as a
 user would (augmentation on), stamps every log line as it arrives, and prints per run the
 seconds from the final evaluation's result line to the "exported SavedModel" line, plus the
 number of tf.data autotuning log lines (``TF_CPP_VMODULE=model=2``: zero once autotuning is
@@ -25,7 +25,7 @@ from machine import print_machine_line
 from sample_records import make_sample_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FINAL_EVAL = re.compile(r"Saving dict for global step (\d+)")
+FINAL_EVAL = re.compile(r"\bevaluation at step (\d+)")
 EXPORTED = "exported SavedModel to"
 # tensorflow/core/framework/model.cc: the autotuning model's log lines at VLOG level 2.
 AUTOTUNE_LOG = "model.cc:"

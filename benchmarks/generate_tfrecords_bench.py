@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from cifar10_estimator import generate, sample_data  # noqa: E402
+from cifar10_estimator.data import sample_data, sources, writer  # noqa: E402
 
 
 def tf_import_seconds(runs: int) -> list[float]:
@@ -53,9 +53,9 @@ def main() -> None:
         rows = []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            source = generate.load_source(tmp, log=lambda _: None)
+            source = sources.load_source(tmp, log=lambda _: None)
             t1 = time.perf_counter()
-            generate.write_tfrecords(source, os.path.join(tmp, "out"), log=lambda _: None)
+            writer.write_tfrecords(source, os.path.join(tmp, "out"), log=lambda _: None)
             t2 = time.perf_counter()
             rows.append((t1 - t0, t2 - t1, t2 - t0))
             del source

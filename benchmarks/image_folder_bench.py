@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     print_machine_line()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from cifar10_estimator import image_folder
+    from cifar10_estimator.data import image_folder
 
     folder = tempfile.mkdtemp(prefix="c10img.")
     paths = write_pictures(folder, args.images)

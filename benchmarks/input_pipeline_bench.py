@@ -26,14 +26,14 @@ def _eval_with_autotune(data_dir: str, batch_size: int):
     """The evaluation pipeline before autotuning was switched off (for comparison only)."""
     import tensorflow as tf
 
-    from cifar10_estimator import cifar10
-    from cifar10_estimator.dataset import parse_batch
+    from cifar10_estimator.data import schema
+    from cifar10_estimator.data.pipeline import parse_batch
 
     def parse(serialized):
         images, labels = parse_batch(serialized)
         return {"image": tf.cast(images, tf.float32)}, labels
 
-    return (tf.data.TFRecordDataset(cifar10.record_path(data_dir, "eval"), buffer_size=8 << 20)
+    return (tf.data.TFRecordDataset(schema.record_path(data_dir, "eval"), buffer_size=8 << 20)
             .batch(batch_size).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))
 
@@ -56,7 +56,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from cifar10_estimator.dataset import Cifar10DataSet
+    from cifar10_estimator.data.pipeline import Cifar10DataSet
 
     rates = []
     for run in range(args.runs):

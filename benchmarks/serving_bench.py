@@ -1,9 +1,10 @@
 """Serving speed of the SavedModel against the same network as a Keras model, side by side.
 
 Trains a tiny run of the real CLI to get a checkpoint and its export, builds the same ResNet
-as a Keras functional model, loads the checkpoint's values into it by variable name and checks
-that both give the same probabilities. Then, alternating (A B C ..., the order rotated every
-run), it measures images/s at batch 1, 32 and 256 and p50/p99 latency at batch 1 through:
+as a Keras functional model (``keras_resnet.py``'s, the training peer's network), loads the
+checkpoint's values into it by variable name and checks that both give the same probabilities.
+Then, alternating (A B C ..., the order rotated every run), it measures images/s at batch 1, 32
+and 256 and p50/p99 latency at batch 1 through:
 - each SavedModel signature as ``tf.saved_model.load`` gives it (``serving_default`` images,
   ``serving_bytes`` PNG files, ``serving_examples`` and ``classify`` records);
 - ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
@@ -23,6 +24,7 @@ import time
 
 import numpy as np
 
+from keras_resnet import build_resnet
 from machine import print_machine_line
 from sample_records import make_sample_records
 
@@ -43,52 +45,18 @@ def train_and_export(depth: int, work: str) -> tuple[str, str]:
 
 
 def keras_resnet(depth: int, checkpoint: str):
-    """Our ResNet v1 (resnet.py) as a Keras model, with the checkpoint's values loaded."""
+    """Our ResNet v1 as a Keras model (``keras_resnet.build_resnet``, softmax output, float
+    images in), with the checkpoint's values loaded by variable name."""
     import tensorflow as tf
 
-    L = tf.keras.layers
+    model = build_resnet(depth, input_dtype="float32", probabilities=True)
     reader = tf.train.load_checkpoint(checkpoint)
-    n = (depth - 2) // 6
-    eps = 1e-5
-
-    def conv(x, filters, stride, name):
-        if stride > 1:
-            x = L.ZeroPadding2D(1)(x)
-        layer = L.Conv2D(filters, 3, stride, "valid" if stride > 1 else "same", use_bias=False)
-        y = layer(x)
-        layer.set_weights([reader.get_tensor(f"resnet/{name}/kernel")])
-        return y
-
-    def bn(x, name):
-        layer = L.BatchNormalization(epsilon=eps)
-        y = layer(x, training=False)
-        layer.set_weights([reader.get_tensor(f"resnet/{name}/{k}") for k in
-                           ("gamma", "beta", "moving_mean", "moving_variance")])
-        return y
-
-    inputs = tf.keras.Input([32, 32, 3])
-    x = L.Rescaling(1 / 128.0, offset=-1.0)(inputs)
-    x = L.ReLU()(bn(conv(x, 16, 1, "stem"), "stem_bn"))
-    for stage, (filters, stride) in enumerate(zip((16, 32, 64), (1, 2, 2)), start=1):
-        for i in range(n):
-            s = stride if i == 0 else 1
-            name = f"stage{stage}/block{i}"
-            y = L.ReLU()(bn(conv(x, filters, s, f"{name}/conv1"), f"{name}/bn1"))
-            y = bn(conv(y, filters, 1, f"{name}/conv2"), f"{name}/bn2")
-            short = x
-            if s > 1:
-                short = L.AveragePooling2D(s, s, "valid")(short)
-            extra = filters - short.shape[-1]
-            if extra:
-                short = L.Lambda(lambda t, e=extra: tf.pad(
-                    t, [[0, 0], [0, 0], [0, 0], [e // 2, e - e // 2]]))(short)
-            x = L.ReLU()(L.Add()([y, short]))
-    x = L.GlobalAveragePooling2D()(x)
-    dense = L.Dense(10, activation="softmax")
-    outputs = dense(x)
-    dense.set_weights([reader.get_tensor("resnet/dense/kernel"),
-                       reader.get_tensor("resnet/dense/bias")])
-    return tf.keras.Model(inputs, outputs)
+    for layer in model.layers:
+        # Layer "stage1.block0.conv1", weight "kernel": "resnet/stage1/block0/conv1/kernel".
+        scope = "resnet/" + layer.name.replace(".", "/")
+        layer.set_weights([reader.get_tensor(f"{scope}/{w.name.split('/')[-1].split(':')[0]}")
+                           for w in layer.weights])
+    return model
 
 
 def rate(fn, batch: int, seconds: float) -> tuple[float, list[float]]:
@@ -114,7 +82,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from cifar10_estimator import cifar10
+    from cifar10_estimator.data import schema
 
     model = tf.saved_model.load(saved_model)
     keras = keras_resnet(args.depth, tf.train.latest_checkpoint(job_dir))
@@ -139,7 +107,7 @@ def main() -> None:
             x = tf.constant(images[:batch])
             pngs = tf.constant([tf.io.encode_png(img.astype(np.uint8)).numpy()
                                 for img in images[:batch]])
-            records = tf.constant([cifar10.encode_example(
+            records = tf.constant([schema.encode_example(
                 img.astype(np.uint8).transpose(2, 0, 1).tobytes(), 0) for img in images[:batch]])
             cells = {
                 "SavedModel serving_default": lambda: model.signatures["serving_default"](

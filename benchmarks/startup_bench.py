@@ -27,10 +27,11 @@ t_start = time.perf_counter()
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 import tensorflow as tf
 t_import = time.perf_counter()
-from cifar10_estimator import train
-from cifar10_estimator.config import TrainConfig
-from cifar10_estimator.dataset import Cifar10DataSet
-from cifar10_estimator.model_fn import make_model_fn
+from cifar10_estimator.data import schema
+from cifar10_estimator.data.pipeline import Cifar10DataSet
+from cifar10_estimator.model.model_fn import make_model_fn
+from cifar10_estimator.training import driver
+from cifar10_estimator.training.config import TrainConfig
 
 data_dir, job_dir, depth, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 stamps = {}
@@ -45,8 +46,9 @@ class Stamp(tf.estimator.SessionRunHook):
 
 config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=depth,
                      precision=extra[0] if extra else "fp32")
-rc = train.run_config(config)
-settings = train.model_settings(config, 1, True, Cifar10DataSet(data_dir, "train").num_examples())
+rc = driver.run_config(config)
+settings = driver.model_settings(config, 1, True, Cifar10DataSet(data_dir, "train").num_examples(),
+                                 schema.CLASS_NAMES)
 estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
 t_begin = time.perf_counter()
 estimator.train(lambda: Cifar10DataSet(data_dir, "train").make_batch(128), max_steps=1,

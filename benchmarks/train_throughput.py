@@ -3,11 +3,14 @@
 Runs ``python -m cifar10_estimator`` exactly as a user would (TFRecords from the sample data,
 augmentation, hooks and summaries on) and reads its steady-state images/s from the
 progress lines it logs every 2 s: the median of their images/s after the first intervals, so
-start-up, the first checkpoint and the final evaluation are excluded. The peers in
-``../shared/bench`` (Keras ``model.fit``; PyTorch when a Python with torch is given) run in the
-same loop, alternating with ours (A B C A B C ...), so a noisy machine moves all of them alike.
-Keras runs with oneDNN forced on (``TF_ENABLE_ONEDNN_OPTS=1``), its best on every CPU, as our
-command line runs itself. bf16 is measured only on CPUs with native bf16 (``cpu.py``).
+start-up, the first checkpoint and the final evaluation are excluded. The peers beside this
+file train the same network on in-memory data: ``keras_resnet.py`` (Keras ``model.fit``, always)
+and ``torch_resnet.py`` (PyTorch, channels_last, when a Python with torch is given). Each
+precision is run by ours and by every peer, in the same loop, alternating (A B C A B C ...), so a
+noisy machine moves all of them alike; the ratio column compares each trainer with the best peer
+at the same precision. Keras runs with oneDNN forced on (``TF_ENABLE_ONEDNN_OPTS=1``), its best
+on every CPU, as our command line runs itself. bf16 is measured only on CPUs with native bf16
+(``cpu.py``).
 To see what an AVX2-only CPU's oneDNN kernels do on an AVX-512 machine, run under
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's dispatcher cap; the Eigen kernels are unaffected).
 
@@ -15,7 +18,7 @@ To see what an AVX2-only CPU's oneDNN kernels do on an AVX-512 machine, run unde
     python benchmarks/train_throughput.py --torch-python /tmp/torch-venv/bin/python
 
 For the PyTorch peer: ``python3.11 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install
-torch==2.13.0 numpy`` (that exact pin takes the CPU wheel; see ../shared/bench/README.md).
+torch==2.13.0 numpy`` (that exact pin takes the CPU wheel; an unpinned torch pulls GBs of CUDA).
 """
 
 import argparse
@@ -30,10 +33,12 @@ import tempfile
 from machine import print_machine_line
 from sample_records import make_sample_records
 
-from cifar10_estimator import cpu
+from cifar10_estimator.training import cpu
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(os.path.dirname(REPO), "shared", "bench")
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+KERAS_PEER = os.path.join(HERE, "keras_resnet.py")
+TORCH_PEER = os.path.join(HERE, "torch_resnet.py")
 CURRENT = re.compile(r"step \d+/\d+ \([\d.]+%\).*?: ([\d.]+) images/s")
 
 
@@ -55,9 +60,9 @@ def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> 
 
 def peer(cmd: list[str]) -> float:
     env = {**os.environ, cpu.ONEDNN_ENV: "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     if proc.returncode:
-        raise SystemExit(f"{cmd[1]} failed:\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"{os.path.basename(cmd[1])} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["images_per_sec"]
 
 
@@ -70,7 +75,7 @@ def main() -> None:
     parser.add_argument("--precisions",
                         default="fp32,bf16" if cpu.read_cpu_info().as_seen_by_onednn(
                             os.environ.get(cpu.ONEDNN_CAP_ENV)).native_bf16 else "fp32")
-    parser.add_argument("--no-keras", action="store_true")
+    parser.add_argument("--no-keras", action="store_true", help="leave out the Keras peer")
     parser.add_argument("--torch-python", help="a Python with torch 2.13 for the PyTorch peer")
     parser.add_argument("--extra", default="", help="more trainer flags, e.g. '--xla'")
     args = parser.parse_args()
@@ -83,23 +88,25 @@ def main() -> None:
         contenders = {f"cifar10_estimator {p}": (lambda p=p: ours(
             data_dir, work, depth, args.steps, ["--precision", p, *args.extra.split()]))
             for p in args.precisions.split(",")}
-        if not args.no_keras and os.path.exists(os.path.join(BENCH, "keras_resnet.py")):
-            contenders["keras model.fit fp32"] = lambda: peer(
-                [sys.executable, "keras_resnet.py", "--depth", str(depth), "--seconds",
-                 str(args.seconds)])
-        if args.torch_python and os.path.exists(os.path.join(BENCH, "torch_resnet.py")):
-            contenders["pytorch channels_last fp32"] = lambda: peer(
-                [args.torch_python, "torch_resnet.py", "--depth", str(depth),
-                 "--channels-last", "--seconds", str(args.seconds)])
+        for p in args.precisions.split(","):
+            common = ["--depth", str(depth), "--seconds", str(args.seconds), "--precision", p]
+            if not args.no_keras:
+                contenders[f"keras model.fit {p}"] = lambda c=common: peer(
+                    [sys.executable, KERAS_PEER, *c])
+            if args.torch_python:
+                contenders[f"pytorch channels_last {p}"] = lambda c=common: peer(
+                    [args.torch_python, TORCH_PEER, "--memory-format", "channels_last", *c])
         results = {name: [] for name in contenders}
         for run in range(args.runs):
             for name, fn in contenders.items():
                 results[name].append(fn())
                 print(f"ResNet-{depth} run {run + 1}: {name} {results[name][-1]:.0f} images/s",
                       file=sys.stderr, flush=True)
-        best_peer = max((statistics.median(v) for k, v in results.items()
-                         if not k.startswith("cifar10_estimator")), default=None)
         for name, values in results.items():
+            precision = name.rsplit(" ", 1)[1]
+            best_peer = max((statistics.median(v) for k, v in results.items()
+                             if not k.startswith("cifar10_estimator")
+                             and k.endswith(" " + precision)), default=None)
             median = statistics.median(values)
             ratio = f"{median / best_peer:.2f}x" if best_peer else "-"
             rows.append((f"ResNet-{depth}", name, median, min(values), max(values), ratio))
@@ -107,7 +114,8 @@ def main() -> None:
     print(f"\n{'model':<10} {'trainer':<28} {'median':>8} {'min':>7} {'max':>7} {'vs best peer':>12}")
     for model, name, median, lo, hi, ratio in rows:
         print(f"{model:<10} {name:<28} {median:>8.0f} {lo:>7.0f} {hi:>7.0f} {ratio:>12}")
-    print(f"(images/s, batch 128, {args.runs} alternating runs, machine: {os.cpu_count()} cores)")
+    print(f"(images/s, batch 128, {args.runs} alternating runs, machine: {os.cpu_count()} cores; "
+          f"'vs best peer': against the fastest peer at the same precision)")
 
 
 if __name__ == "__main__":

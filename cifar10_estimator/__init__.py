@@ -1,10 +1,18 @@
-"""Train, evaluate and serve a CIFAR-10 ResNet with tf.estimator.
+"""Train, evaluate and serve CIFAR-10 ResNets with tf.estimator.
 
-The package turns CIFAR-10's python batches into TFRecords (``generate``), reads them with a
-``tf.data`` pipeline (``dataset``), builds a multi-tower ResNet ``model_fn`` (``resnet``,
-``towers``, ``model_fn``), drives ``tf.estimator.train_and_evaluate`` from a command line
-(``main``, ``train``) and exports a SavedModel that ``predict`` serves. Importing the package is
-cheap: nothing here imports TensorFlow.
+The package follows the data's path; each subpackage imports only from those before it:
+
+- ``data``: python batches, archives, sample data and image folders -> TFRecords, and the
+  ``tf.data`` input pipeline that reads them back;
+- ``model``: the ResNet, towers, the Estimator ``model_fn``, its metrics and checkpoints;
+- ``serving``: the SavedModel export and its clients;
+- ``training``: settings and flags, the ``train_and_evaluate`` driver, clusters, progress and
+  reports.
+
+The top-level modules are the commands (``train``/``__main__``, ``generate``, ``predict``,
+``demo``, ``cluster``) and three foundations every layer uses (``errors``, ``fsutil``, ``logs``).
+docs/architecture.md draws the cut. Importing the package is cheap: nothing here imports
+TensorFlow.
 """
 
 __version__ = "0.1.0"

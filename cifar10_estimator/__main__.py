@@ -1,7 +1,7 @@
-"""``python -m cifar10_estimator``: the trainer's command line (see ``main``)."""
+"""``python -m cifar10_estimator``: the trainer's command line (see ``train``)."""
 
 import sys
 
-from cifar10_estimator.main import main
+from cifar10_estimator.train import main
 
 sys.exit(main())

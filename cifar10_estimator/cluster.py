@@ -1,249 +1,29 @@
-"""A whole training cluster on this host: ``python -m cifar10_estimator.cluster``.
+"""The local-cluster command: ``python -m cifar10_estimator.cluster`` (``cifar10-cluster``).
 
     python -m cifar10_estimator.cluster --num-workers 2 --num-ps 1 --evaluator -- \\
         --data-dir DATA --job-dir JOB --train-steps 1000
 
-starts one process per task of a TensorFlow cluster on free loopback ports, each running the
-trainer command line (``python -m cifar10_estimator`` + everything after ``--``) with its own
-``TF_CONFIG``:
-
-- ``--num-workers N`` training tasks in all: task ``chief`` and ``worker`` 0..N-2;
-- ``--num-ps M`` parameter servers ``ps`` 0..M-1 (at least one: workers share variables there);
-- ``--evaluator``: one ``evaluator`` task. It is left out of the cluster spec (it serves
-  nothing); Estimator also accepts it listed there, as Kubeflow's operator lists it.
-
-Each task's output is streamed with a ``[chief]``, ``[worker0]``, ``[ps0]``, ``[evaluator]``
-prefix. When a task fails, every other task is stopped and the launcher exits 1. Training is
-done when the chief, the workers and the evaluator have exited 0; parameter servers exit by
-themselves once every training task has reported (``distributed.run_parameter_server``) and
-are stopped if they linger. Every task shares the trainer's ``--job-dir``, as a real cluster
-must (on several hosts: shared storage).
-
-It is for trying distribution on one machine and for tests; several hosts need a cluster
-manager (see the Kubernetes TFJob in ``k8s/``). The module owns ports, ``TF_CONFIG`` values
-and the processes' lifetime; the trainer owns everything else.
+starts a whole TensorFlow cluster on this host's loopback interface (``training.launcher``):
+every task runs the trainer with everything after ``--`` and its own ``TF_CONFIG``. Exits 0 when
+training finished, 1 when a task failed, 130 when interrupted (Ctrl-C or SIGTERM).
 """
 
 import argparse
-import contextlib
-import dataclasses
-import json
-import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 from typing import Optional, Sequence, TextIO
 
 from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.training import flags
+from cifar10_estimator.training.launcher import Cluster, plan
 
-PROG = "python -m cifar10_estimator.cluster"
-_POLL_SECS = 0.2
-# After the chief has finished, a worker needs at most one more step and its report to the
-# parameter servers; one that is still running this much later is hung.
-_WORKER_GRACE_SECS = 120
-# Parameter servers exit as soon as every trainer has reported; this only bounds a straggler.
-_PS_GRACE_SECS = 30
-# SIGTERM first so a task can flush its log; SIGKILL after this.
-_TERM_GRACE_SECS = 10
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports that were free on ``host`` a moment ago.
-
-    All sockets stay bound until every port is chosen, so the ports differ. Another program
-    could still take one before the task binds it; the task then fails with "address in use"
-    and the launcher reports it.
-    """
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind((host, 0))
-            ports.append(s.getsockname()[1])
-        return ports
-
-
-def make_cluster(num_workers: int, num_ps: int, host: str, ports: Sequence[int]
-                 ) -> dict[str, list[str]]:
-    """The cluster spec: ``chief`` (1), ``worker`` (num_workers - 1), ``ps`` (num_ps)."""
-    if len(ports) != num_workers + num_ps:
-        raise ValueError(f"need {num_workers + num_ps} ports, got {len(ports)}")
-    addresses = [f"{host}:{p}" for p in ports]
-    cluster = {"chief": addresses[:1], "ps": addresses[num_workers:]}
-    if num_workers > 1:
-        cluster["worker"] = addresses[1:num_workers]
-    return cluster
-
-
-def tf_config(cluster: dict, task_type: str, index: int) -> str:
-    """The ``TF_CONFIG`` value of one task (an evaluator gets the same cluster)."""
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
-
-
-def task_name(task_type: str, index: int) -> str:
-    return task_type if task_type in ("chief", "evaluator") else f"{task_type}{index}"
-
-
-@dataclasses.dataclass
-class Task:
-    """One process of the cluster."""
-
-    task_type: str
-    index: int
-    tf_config: str
-    process: Optional[subprocess.Popen] = None
-    stopped: bool = False  # terminated by the launcher
-    reader: Optional[threading.Thread] = None
-
-    @property
-    def name(self) -> str:
-        return task_name(self.task_type, self.index)
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        return self.process.poll() if self.process else None
-
-
-def plan(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1"
-         ) -> list[Task]:
-    """The tasks of a cluster on free ports of ``host``, parameter servers first."""
-    if num_workers < 1:
-        raise UserError(f"--num-workers must be 1 or more (the chief counts), got {num_workers}")
-    if num_ps < 1:
-        raise UserError(f"--num-ps must be 1 or more (workers share variables through "
-                        f"parameter servers), got {num_ps}")
-    cluster = make_cluster(num_workers, num_ps, host, free_ports(num_workers + num_ps, host))
-    tasks = [Task("ps", i, tf_config(cluster, "ps", i)) for i in range(num_ps)]
-    tasks.append(Task("chief", 0, tf_config(cluster, "chief", 0)))
-    tasks += [Task("worker", i, tf_config(cluster, "worker", i)) for i in range(num_workers - 1)]
-    if evaluator:
-        tasks.append(Task("evaluator", 0, tf_config(cluster, "evaluator", 0)))
-    return tasks
-
-
-class Cluster:
-    """Starts, watches and stops the processes of a local cluster."""
-
-    def __init__(self, tasks: Sequence[Task], trainer_args: Sequence[str],
-                 out: TextIO = sys.stdout, python: str = sys.executable,
-                 env: Optional[dict] = None):
-        self.tasks = list(tasks)
-        self.trainer_args = list(trainer_args)
-        self.out = out
-        self.python = python
-        self.env = dict(os.environ if env is None else env)
-        self._lock = threading.Lock()
-
-    def say(self, message: str) -> None:
-        with self._lock:
-            self.out.write(f"[cluster] {message}\n")
-            self.out.flush()
-
-    def _stream(self, task: Task) -> None:
-        prefix = f"[{task.name}] "
-        for line in task.process.stdout:
-            with self._lock:
-                self.out.write(prefix + line if line.endswith("\n") else prefix + line + "\n")
-                self.out.flush()
-
-    def start(self) -> None:
-        cluster = json.loads(self.tasks[0].tf_config)["cluster"]
-        self.say("cluster " + json.dumps(cluster))
-        for task in self.tasks:
-            env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
-            task.process = subprocess.Popen(
-                [self.python, "-m", "cifar10_estimator", *self.trainer_args],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
-                start_new_session=True)
-            task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
-            task.reader.start()
-            self.say(f"started {task.name} (pid {task.process.pid})")
-
-    def stop(self, tasks: Sequence[Task]) -> None:
-        """SIGTERM, then SIGKILL after a grace period, for the running ``tasks``."""
-        running = [t for t in tasks if t.process and t.process.poll() is None]
-        for task in running:
-            task.stopped = True
-            task.process.terminate()
-        deadline = time.monotonic() + _TERM_GRACE_SECS
-        for task in running:
-            try:
-                task.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                task.process.kill()
-                task.process.wait()
-
-    def _finish_streams(self) -> None:
-        for task in self.tasks:
-            if task.reader:
-                task.reader.join(timeout=5)
-
-    def run(self, timeout_secs: Optional[float] = None) -> int:
-        """Starts the tasks and supervises them; returns 0 when training ended cleanly."""
-        started = time.monotonic()
-        chief_done_at = None
-        ps_wait_from = None
-        failed: Optional[str] = None
-        try:
-            self.start()
-            while True:
-                time.sleep(_POLL_SECS)
-                now = time.monotonic()
-                bad = [t for t in self.tasks if t.exit_code not in (None, 0)]
-                if bad:
-                    failed = f"{bad[0].name} failed with exit status {bad[0].exit_code}"
-                    break
-                trainers = [t for t in self.tasks if t.task_type != "ps"]
-                ps = [t for t in self.tasks if t.task_type == "ps"]
-                chief = next(t for t in self.tasks if t.task_type == "chief")
-                if chief.exit_code == 0 and chief_done_at is None:
-                    chief_done_at = now
-                    self.say("chief finished")
-                workers = [t for t in trainers if t.task_type == "worker"]
-                if (chief_done_at is not None and now - chief_done_at > _WORKER_GRACE_SECS
-                        and any(t.exit_code is None for t in workers)):
-                    hung = [t.name for t in workers if t.exit_code is None]
-                    failed = (f"{', '.join(hung)} still running {_WORKER_GRACE_SECS} s after "
-                              f"the chief finished")
-                    break
-                if all(t.exit_code == 0 for t in trainers):
-                    if ps_wait_from is None:
-                        ps_wait_from = now
-                    lingering = [t for t in ps if t.exit_code is None]
-                    if not lingering:
-                        break
-                    if now - ps_wait_from > _PS_GRACE_SECS:
-                        self.say(f"stopping {', '.join(t.name for t in lingering)}: "
-                                 f"training is done")
-                        self.stop(lingering)
-                        break
-                if timeout_secs is not None and now - started > timeout_secs:
-                    failed = f"timed out after {timeout_secs:g} s"
-                    break
-        except KeyboardInterrupt:
-            failed = "interrupted"
-        if failed:
-            self.say(f"{failed}; stopping every task")
-        self.stop(self.tasks)
-        self._finish_streams()
-        for task in self.tasks:
-            code = task.exit_code
-            how = "stopped" if task.stopped and code != 0 else f"exit status {code}"
-            self.say(f"{task.name}: {how}")
-        if failed:
-            return 130 if failed == "interrupted" else 1
-        self.say(f"training finished in {time.monotonic() - started:.1f} s")
-        return 0
+PROG = "cifar10_estimator.cluster"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG,
-        usage=f"{PROG} [--num-workers N] [--num-ps M] [--evaluator] -- TRAINER_FLAGS...",
+        prog=f"python -m {PROG}",
+        usage=f"python -m {PROG} [--num-workers N] [--num-ps M] [--evaluator] -- TRAINER_FLAGS...",
         description="Start a TensorFlow training cluster on this host's loopback interface: "
                     "every task runs `python -m cifar10_estimator TRAINER_FLAGS` with its own "
                     "TF_CONFIG. Exits 0 when training finished, 1 when a task failed.")
@@ -280,8 +60,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         raise UserError("give the trainer's flags after --, e.g. -- --data-dir DATA "
                         "--job-dir JOB")
     # Catch a mistyped trainer flag once, here, rather than in every task.
-    from cifar10_estimator import main as trainer_main
-    parsed = trainer_main.build_parser().parse_args(trainer_args)
+    parsed = flags.build_parser().parse_args(trainer_args)
     if not parsed.job_dir:
         raise UserError("the trainer needs --job-dir (shared by every task)")
     if not parsed.data_dir:
@@ -294,7 +73,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_cli(lambda: run(argv), "cifar10_estimator.cluster")
+    return run_cli(lambda: run(argv), PROG)
 
 
 if __name__ == "__main__":

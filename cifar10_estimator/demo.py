@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from cifar10_estimator import cpu
 from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.training import cpu
 
 
 BATCH_SIZE = 128  # the tutorial's batch
@@ -57,14 +57,15 @@ def write_example_images(data_dir: str, out_dir: str, count: int) -> list[str]:
     """Writes the first ``count`` eval records as PNG files named by label; returns the paths."""
     import tensorflow as tf
 
-    from cifar10_estimator import cifar10, dataset, fsutil
+    from cifar10_estimator import fsutil
+    from cifar10_estimator.data import metadata, pipeline, schema
 
     os.makedirs(out_dir, exist_ok=True)
-    names = cifar10.label_names(data_dir)
-    records = tf.data.TFRecordDataset(cifar10.record_path(data_dir, "eval")).take(count)
+    names = metadata.dataset_info(data_dir).class_names
+    records = tf.data.TFRecordDataset(schema.record_path(data_dir, "eval")).take(count)
     paths = []
     for serialized in records.batch(count):
-        images, labels = dataset.parse_batch(serialized)
+        images, labels = pipeline.parse_batch(serialized)
         for j, (image, label) in enumerate(zip(images, labels.numpy())):
             path = os.path.join(out_dir, f"eval{j:02d}_{names[label]}.png")
             fsutil.write_bytes_atomic(path, tf.io.encode_png(image).numpy())
@@ -92,10 +93,11 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     cpu.prefer_onednn(os.environ)
     stages = _Stages()
 
-    from cifar10_estimator import cifar10, generate, main, predict
+    from cifar10_estimator import generate, predict, train
+    from cifar10_estimator.data import metadata, schema
 
     stages.begin("1. sample data and TFRecords")
-    if all(os.path.exists(cifar10.record_path(data_dir, s)) for s in cifar10.SPLITS):
+    if all(os.path.exists(schema.record_path(data_dir, s)) for s in schema.SPLITS):
         print(f"records already in {data_dir}")
     else:
         status = generate.main(["--data-dir", data_dir, "--sample",
@@ -106,7 +108,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     stages.begin("2. train ResNet-20 on the CPU, evaluate, export")
     # The rate drops after 60 % and 85 % of the run (the tutorial's drops, at epochs 82 and
     # 123 of ~160, sit at 50 % and 75 %; a run this short needs a longer first phase).
-    epochs = args.train_steps * BATCH_SIZE / cifar10.split_size(data_dir, "train")
+    epochs = args.train_steps * BATCH_SIZE / metadata.split_size(data_dir, "train")
     boundaries = ",".join(f"{epochs * f:.2f}" for f in (0.6, 0.85))
     train_flags = ["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", "20",
                    "--train-steps", str(args.train_steps), "--train-batch-size", str(BATCH_SIZE),
@@ -114,7 +116,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                    "--lr-decay-factors", "1,0.1,0.01", "--save-checkpoints-steps", "500",
                    "--eval-throttle-secs", "60", "--seed", "1", "--precision", "auto"]
     print("python -m cifar10_estimator " + " ".join(train_flags), flush=True)
-    result = main.run(train_flags)
+    result = train.run(train_flags)
     accuracy = result.eval_metrics["accuracy"] if result.eval_metrics else float("nan")
 
     stages.begin("3. classify a few held-out images with the SavedModel")

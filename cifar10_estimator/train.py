@@ -1,291 +1,55 @@
-"""The driver: one ``TrainConfig`` in, ``tf.estimator.train_and_evaluate`` run, SavedModel out.
+"""The trainer command: ``python -m cifar10_estimator`` (``cifar10-train``).
 
-This is the only module that builds the Estimator's ``RunConfig``, and through it the only
-consumer of ``TF_CONFIG`` (the cluster and this task's role). Locally it trains, evaluates each
-new checkpoint (at most every ``--eval-throttle-secs``) and once at the end, then exports.
-Rerunning with the same job dir resumes from the latest checkpoint there.
-
-In a cluster (``TF_CONFIG`` with a ``cluster``) the role decides: a ``ps`` serves variables
-until the training tasks are done (``distributed.run_parameter_server``); ``chief`` and
-``worker`` train against the parameter servers, asynchronously or with ``--sync``; an
-``evaluator`` evaluates new checkpoints in the shared job dir and exits right after the one at
-``--train-steps`` (``evaluator.evaluate_checkpoints``; Estimator's own evaluator loop would
-sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in the cluster, as
-Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the chief saves
-checkpoints and exports; with ``--export-best`` the task that evaluates (locally, the only one;
-in a cluster, the evaluator) also exports each evaluation that beats the best so far.
+Flags (``training.flags``) -> ``TrainConfig`` -> ``training.driver.train_and_evaluate`` -> the
+run summary. It does the process-level set-up a library must not do: oneDNN on before
+TensorFlow loads (``training.cpu``), a readable log (``logs``), the CPU as oneDNN sees it, and
+one-line errors with exit status 2 for user mistakes (``errors.run_cli``).
 """
 
-import dataclasses
 import logging
+import os
+import sys
+import time
 from typing import Optional, Sequence
 
-import tensorflow as tf
+from cifar10_estimator import logs
+from cifar10_estimator.errors import run_cli
+from cifar10_estimator.training import cpu, flags
 
-from cifar10_estimator import cifar10, distributed, evaluator, export, guards, report, towers
-from cifar10_estimator.config import TrainConfig
-from cifar10_estimator.dataset import Cifar10DataSet
-from cifar10_estimator.errors import UserError
-from cifar10_estimator.model_fn import ModelSettings, make_model_fn
-
+PROG = "cifar10_estimator"
 log = logging.getLogger("cifar10_estimator")
 
-# How long a finished trainer tries to tell a parameter server so (a live one answers in ms).
-_REPORT_TIMEOUT_SECS = 30
 
+def run(argv: Optional[Sequence[str]] = None):
+    """Parses ``argv``, sets up the process and trains; returns the ``TrainResult``.
 
-@dataclasses.dataclass
-class TrainResult:
-    """What a task produced: final eval metrics (if it evaluated) and the export (if chief)."""
-
-    eval_metrics: Optional[dict]
-    export_path: Optional[str]
-    report_path: Optional[str] = None  # JOB/eval_report.json, by the task that evaluated
-
-
-def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
-                   ) -> tf.compat.v1.ConfigProto:
-    """Threading, placement and logical CPU devices for every session of the job.
-
-    ``device_filters`` limits a cluster task's sessions to the tasks it needs
-    (``distributed.device_filters``).
+    Raises UserError for user mistakes (``main`` prints them as one line).
     """
-    proto = tf.compat.v1.ConfigProto(
-        allow_soft_placement=True,
-        log_device_placement=config.log_device_placement,
-        intra_op_parallelism_threads=config.num_intra_threads,
-        inter_op_parallelism_threads=config.num_inter_threads,
-        # Pinned host memory makes host-to-GPU copies of input batches faster.
-        gpu_options=tf.compat.v1.GPUOptions(force_gpu_compatible=True))
-    if config.num_gpus == 0 and config.num_cpu_towers > 1:
-        proto.device_count["CPU"] = config.num_cpu_towers
-    if config.xla:
-        proto.graph_options.optimizer_options.global_jit_level = (
-            tf.compat.v1.OptimizerOptions.ON_1)
-    proto.device_filters.extend(device_filters)
-    return proto
+    config, verbose = flags.parse(argv)
+    # Before TensorFlow loads: oneDNN roughly doubles CPU training speed where TF leaves it
+    # off (AVX2-only CPUs) and is what runs channels_first on a CPU (see training/cpu.py).
+    cpu.prefer_onednn(os.environ)
+    logs.setup_logging(verbose)
+    from cifar10_estimator.training import driver, report, summary  # TensorFlow loads here
+
+    started = time.monotonic()
+    cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
+    result = driver.train_and_evaluate(config, cpu_info)
+    if result.eval_metrics:
+        log.info("final %s", report.evaluation_line(result.eval_metrics))
+    if result.role != "ps":
+        for line in summary.run_summary(config, result, time.monotonic() - started):
+            log.info(line)
+    return result
 
 
-def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
-    """The Estimator RunConfig; reads TF_CONFIG for the cluster and this task's role."""
-    worker_delay = config.max_worker_delay_secs
-    if worker_delay is None and config.sync:
-        # Staggering exists for async updates; a sync step waits for every worker anyway.
-        worker_delay = 0
-    try:
-        rc = tf.estimator.RunConfig(
-            model_dir=config.job_dir,
-            tf_random_seed=config.seed,
-            session_config=session_config(config),
-            save_checkpoints_steps=config.save_checkpoints_steps,
-            save_checkpoints_secs=config.checkpoint_secs,
-            keep_checkpoint_max=config.keep_checkpoint_max,
-            save_summary_steps=config.save_summary_steps,
-            # The checkpoint hook would otherwise serialise the whole training graph twice
-            # more at start-up (graph.pbtxt and a .meta file with every checkpoint), about a
-            # second for ResNet-44; TensorBoard still gets the graph from the event file, and
-            # resuming rebuilds the graph from code.
-            checkpoint_save_graph_def=False,
-            # The model_fn's progress hook logs step/total, loss, learning rate, images/s and
-            # ETA, and writes images/s and global_step/sec summaries; the Estimator's step
-            # counter would log a second, less informative line.
-            log_step_count_steps=None,
-            # A worker waits this long for the chief to initialise or restore the model
-            # (SessionManager.wait_for_session); Estimator's default is 7200 s.
-            session_creation_timeout_secs=config.cluster_timeout_secs,
-            experimental_max_worker_delay_secs=worker_delay)
-    except ValueError as e:  # TF_CONFIG that Estimator refuses
-        raise UserError(f"TF_CONFIG: {e}; see the README section on clusters") from None
-    if rc.cluster_spec and rc.task_type in distributed.TRAINER_JOBS:
-        rc = rc.replace(session_config=session_config(
-            config, distributed.device_filters(rc.task_type, rc.task_id)))
-    return rc
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console-script entry point; returns the process exit status."""
+    def train_only() -> int:
+        run(argv)
+        return 0
+    return run_cli(train_only, PROG)
 
 
-def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
-                   train_records: int, num_classes: int = cifar10.NUM_CLASSES,
-                   class_names: Sequence[str] = ()) -> ModelSettings:
-    """Resolves the model_fn's settings from the config and the cluster.
-
-    An epoch is counted in global steps: with --sync one global step consumes a batch from
-    every worker; asynchronously every worker's own step is a global step of one batch.
-    """
-    if config.precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision {config.precision!r} must be resolved to fp32 or bf16 "
-                         f"first (cpu.resolve_precision)")
-    per_global_step = config.train_batch_size * (num_workers if config.sync else 1)
-    steps_per_epoch = max(1, train_records // per_global_step)
-    return ModelSettings(
-        num_layers=config.num_layers,
-        resnet_version=config.resnet_version,
-        data_format=config.resolved_data_format(),
-        batch_norm_decay=config.batch_norm_decay,
-        batch_norm_epsilon=config.batch_norm_epsilon,
-        weight_decay=config.weight_decay,
-        momentum=config.momentum,
-        learning_rate=config.learning_rate,
-        lr_boundary_epochs=tuple(config.lr_boundary_epochs),
-        lr_decay_factors=tuple(config.lr_decay_factors),
-        steps_per_epoch=steps_per_epoch,
-        train_batch_size=config.train_batch_size,
-        devices=tuple(towers.tower_devices(config.num_gpus, config.num_cpu_towers)),
-        variable_strategy=config.variable_strategy,
-        num_workers=num_workers,
-        sync=config.sync,
-        is_chief=is_chief,
-        compute_dtype="bfloat16" if config.precision == "bf16" else "float32",
-        num_classes=num_classes,
-        class_names=tuple(class_names),
-        train_steps=config.train_steps,
-        progress_secs=config.progress_secs,
-        summary_dir=config.job_dir,
-        summary_steps=config.save_summary_steps)
-
-
-def _log_role(rc: tf.estimator.RunConfig, cluster: dict, config: TrainConfig) -> None:
-    if rc.task_type == "evaluator":
-        log.info("role: evaluator: evaluates new checkpoints in %s (at most every %d s while "
-                 "training runs) and the final one, at global step %d, at once",
-                 config.job_dir, config.eval_throttle_secs, config.train_steps)
-    elif cluster:
-        log.info("role: %s %d of the cluster %s; %d training task(s), %d ps, %s updates",
-                 rc.task_type, rc.task_id, distributed.describe(cluster),
-                 rc.num_worker_replicas, rc.num_ps_replicas,
-                 "synchronous" if config.sync else "asynchronous")
-    else:
-        log.info("role: local (no cluster in TF_CONFIG)")
-
-
-def train_and_evaluate(config: TrainConfig) -> TrainResult:
-    """Trains, evaluates and (on the chief) exports, as this task's role in TF_CONFIG says."""
-    try:
-        role = tf.estimator.RunConfig()  # only the role: a ps needs none of the settings
-    except ValueError as e:
-        raise UserError(f"TF_CONFIG: {e}; see the README section on clusters") from None
-    if role.task_type == "ps":
-        cluster = role.cluster_spec.as_dict()
-        log.info("role: ps %d of the cluster %s", role.task_id, distributed.describe(cluster))
-        distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
-        return TrainResult(None, None)
-
-    rc = run_config(config)
-    cluster = rc.cluster_spec.as_dict() if rc.cluster_spec else {}
-    in_cluster = rc.task_type in distributed.TRAINER_JOBS and bool(cluster)
-    _log_role(rc, cluster, config)
-    if in_cluster and rc.num_worker_replicas > 1 and not rc.num_ps_replicas:
-        raise UserError(f"TF_CONFIG: the cluster has {rc.num_worker_replicas} training tasks "
-                        f"but no 'ps' job; workers share variables through parameter servers")
-
-    num_workers = rc.num_worker_replicas or 1
-    train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training)
-    eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
-    # Before anything trains: a record file cut short can read as a shorter valid one.
-    for split in ("eval",) if rc.task_type == "evaluator" else ("train", "eval"):
-        cifar10.verify_split(config.data_dir, split)
-    info = cifar10.dataset_info(config.data_dir)
-    train_records = train_data.num_examples()
-    settings = model_settings(config, num_workers, rc.is_chief, train_records, info.num_classes,
-                              info.class_names)
-    log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
-             "%d steps per epoch", config.num_layers, config.resnet_version,
-             settings.data_format, ", ".join(settings.devices), num_workers, info.dataset,
-             info.num_classes, train_records, settings.steps_per_epoch)
-
-    if in_cluster:
-        # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
-        # A trainer's sessions use only the parameter servers (and itself); a worker learns
-        # that the chief is up from its checkpoint, below.
-        distributed.wait_for_tasks(
-            {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))},
-            config.cluster_timeout_secs)
-    if not rc.is_chief:
-        # A worker or evaluator starts once the chief's first checkpoint exists: this proves
-        # the job dir is shared, and a worker arriving before the chief has initialised the
-        # variables would sleep 30 s between checks (SessionManager's recovery_wait_secs).
-        distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
-
-    if rc.is_chief:
-        guards.check_job_dir(config.job_dir, config.num_layers, config.resnet_version,
-                             info.num_classes)
-    latest = tf.train.latest_checkpoint(config.job_dir)
-    if latest and rc.is_chief:  # only the chief restores; others use the ps or evaluate
-        log.info("resuming from %s", latest)
-    estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
-    train_hooks = []
-    if in_cluster:
-        train_hooks.append(distributed.ParameterServerWatchdog(
-            {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))},
-            config.cluster_timeout_secs,
-            "start it again on the same address and rerun the tasks that stopped with the "
-            "same flags: the chief resumes from the latest checkpoint in --job-dir"))
-    train_spec = tf.estimator.TrainSpec(
-        lambda: train_data.make_batch(config.train_batch_size, seed=config.seed),
-        max_steps=config.train_steps, hooks=train_hooks)
-    best = (export.BestExport(settings, config.resolved_export_dir, info.class_names)
-            if config.export_best else None)
-    if best and in_cluster and "evaluator" not in cluster and rc.is_chief:
-        log.info("--export-best: the best export is made by the evaluator task, and this "
-                 "cluster lists none (start one with the same flags and "
-                 "TF_CONFIG task type 'evaluator')")
-    eval_spec = tf.estimator.EvalSpec(
-        lambda: eval_data.make_batch(config.eval_batch_size),
-        steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
-        exporters=[_BestExporter(best)] if best else None)
-    if rc.task_type == "evaluator":
-        with guards.training_errors(config.data_dir, config.job_dir):
-            metrics = evaluator.evaluate_checkpoints(
-                estimator, eval_spec.input_fn, config.train_steps, config.eval_throttle_secs,
-                on_evaluation=best.consider if best else None)
-        return TrainResult(metrics, None, _report(config.job_dir, metrics, info))
-    try:
-        with guards.training_errors(config.data_dir, config.job_dir):
-            result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
-    except tf.errors.DeadlineExceededError as e:
-        if rc.is_chief:
-            raise
-        raise UserError(f"the chief did not make the model ready within "
-                        f"{config.cluster_timeout_secs} s (--cluster-timeout-secs): "
-                        f"{e.message.splitlines()[0]}") from None
-    metrics = result[0] if result else None
-    report_path = _report(config.job_dir, metrics, info) if rc.is_chief else None
-    if in_cluster:
-        # Lets the parameter servers exit; the export below does not need them.
-        distributed.report_done(cluster, f"{rc.task_type}:{rc.task_id}",
-                                _REPORT_TIMEOUT_SECS)
-
-    export_path = None
-    if rc.is_chief:
-        checkpoint = tf.train.latest_checkpoint(config.job_dir)
-        # The final evaluation is of the final checkpoint when it ran here (locally).
-        evaluated = metrics if metrics and metrics.get("global_step") == (
-            evaluator.checkpoint_step(checkpoint)) else None
-        export_path = export.export_saved_model(settings, checkpoint,
-                                                config.resolved_export_dir,
-                                                info.class_names, evaluated)
-        log.info("exported SavedModel to %s", export_path)
-    return TrainResult(metrics, export_path, report_path)
-
-
-class _BestExporter(tf.estimator.Exporter):
-    """Estimator's hook after each local evaluation, handing it to ``export.BestExport``."""
-
-    def __init__(self, best: export.BestExport):
-        self._best = best
-
-    @property
-    def name(self) -> str:
-        return export.BEST_SUBDIR
-
-    def export(self, estimator, export_path, checkpoint_path, eval_result,
-               is_the_final_export):
-        return self._best.consider(eval_result, checkpoint_path)
-
-
-def _report(job_dir: str, metrics: Optional[dict], info: cifar10.DatasetInfo) -> Optional[str]:
-    """Logs the final evaluation's per-class results and writes JOB/eval_report.json."""
-    if not metrics or "confusion_matrix" not in metrics:
-        return None
-    content = report.build(metrics, info.class_names, info.dataset)
-    for line in report.log_lines(content):
-        log.info(line)
-    return report.write(job_dir, content)
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from cifar10_estimator import batches, cifar10, cpu
+from cifar10_estimator.data import pickles, schema
+from cifar10_estimator.training import cpu
 
 # The suite's own process runs TensorFlow as the command lines do: oneDNN on unless the user
 # chose (cpu.prefer_onednn). Run with TF_ENABLE_ONEDNN_OPTS=0 to test the Eigen kernels that an
@@ -46,23 +47,23 @@ def write_cifar_dir(data_dir: str, images_per_batch: int = 24, seed: int = 0,
 
     ``overrides`` maps a file name to raw bytes written instead of the generated batch.
     """
-    root = os.path.join(data_dir, cifar10.BATCHES_DIRNAME)
+    root = os.path.join(data_dir, schema.BATCHES_DIRNAME)
     os.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(seed)
     contents = {}
     for index, name in enumerate(BATCH_NAMES):
-        data = rng.integers(0, 256, (images_per_batch, cifar10.IMAGE_BYTES), dtype=np.uint8)
+        data = rng.integers(0, 256, (images_per_batch, schema.IMAGE_BYTES), dtype=np.uint8)
         labels = [int(v) for v in rng.integers(0, 10, images_per_batch)]
         contents[name] = (data, labels)
         title = ("testing batch 1 of 1" if name == "test_batch"
                  else f"training batch {index + 1} of 5")
-        body = batches.dumps_py2(batch_dict(data, labels, title))
+        body = pickles.dumps_py2(batch_dict(data, labels, title))
         with open(os.path.join(root, name), "wb") as f:
             f.write((overrides or {}).get(name, body))
-    meta = {"num_cases_per_batch": images_per_batch, "label_names": list(cifar10.CLASS_NAMES),
-            "num_vis": cifar10.IMAGE_BYTES}
+    meta = {"num_cases_per_batch": images_per_batch, "label_names": list(schema.CLASS_NAMES),
+            "num_vis": schema.IMAGE_BYTES}
     with open(os.path.join(root, "batches.meta"), "wb") as f:
-        f.write(batches.dumps_py2(meta))
+        f.write(pickles.dumps_py2(meta))
     with open(os.path.join(root, "readme.html"), "w") as f:
         f.write("<html>test copy</html>\n")
     return contents
@@ -73,13 +74,13 @@ def tarball_from_dir(batches_dir: str,
     """Packs ``batches_dir`` as ``cifar-10-python.tar.gz`` is packed; ``extra`` adds members."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        folder = tarfile.TarInfo(cifar10.BATCHES_DIRNAME + "/")
+        folder = tarfile.TarInfo(schema.BATCHES_DIRNAME + "/")
         folder.type, folder.mode = tarfile.DIRTYPE, 0o755
         tar.addfile(folder)
         for name in ARCHIVE_ORDER:
             path = os.path.join(batches_dir, name)
             if os.path.exists(path):
-                tar.add(path, arcname=f"{cifar10.BATCHES_DIRNAME}/{name}")
+                tar.add(path, arcname=f"{schema.BATCHES_DIRNAME}/{name}")
         if extra is not None:
             extra(tar)
     return buffer.getvalue()
@@ -105,8 +106,8 @@ def make_cifar_tarball(tmp_path_factory):
         staging = tmp_path_factory.mktemp("staging")  # outside the test's own tmp_path
         contents = write_cifar_dir(str(staging), images_per_batch, seed)
         for name in skip:
-            os.remove(staging / cifar10.BATCHES_DIRNAME / name)
-        return tarball_from_dir(str(staging / cifar10.BATCHES_DIRNAME), extra), contents
+            os.remove(staging / schema.BATCHES_DIRNAME / name)
+        return tarball_from_dir(str(staging / schema.BATCHES_DIRNAME), extra), contents
 
     return make
 

@@ -2,7 +2,7 @@
 
 With a fixed moving-average decay of 0.997, the statistics still hold 0.997^t of their start
 values (mean 0, variance 1) after t steps; on images with a large mean that ruins evaluation
-after short runs. ``model_fn.batch_norm_decay_schedule`` makes the decay grow with the step.
+after short runs. ``schedules.batch_norm_decay_schedule`` makes the decay grow with the step.
 """
 
 import os
@@ -10,7 +10,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, main, model_fn, resnet
+from cifar10_estimator import train
+from cifar10_estimator.data import schema
+from cifar10_estimator.model import resnet, schedules
 
 
 def _accuracies(checkpoint: str, images: np.ndarray, labels: np.ndarray) -> dict:
@@ -32,7 +34,7 @@ def _accuracies(checkpoint: str, images: np.ndarray, labels: np.ndarray) -> dict
 def test_decay_grows_with_the_step_and_reaches_the_flag_value():
     with tf.Graph().as_default():
         steps = tf.constant([0, 10, 100, 2990, 10_000], tf.int64)
-        decay = model_fn.batch_norm_decay_schedule(steps, 0.997)
+        decay = schedules.batch_norm_decay_schedule(steps, 0.997)
         with tf.compat.v1.Session() as sess:
             values = sess.run(decay)
     np.testing.assert_allclose(values, [0.1, 11 / 20, 101 / 110, 0.997, 0.997], rtol=1e-6)
@@ -43,19 +45,19 @@ def test_a_short_run_on_bright_images_evaluates_as_well_as_it_trains(tmp_path):
     # Bright pictures (pixel mean ~185 of 255, far from the statistics' start values) whose
     # class is the contrast between their left and right halves.
     rng = np.random.default_rng(0)
-    labels = np.arange(320) % cifar10.NUM_CLASSES
+    labels = np.arange(320) % schema.NUM_CLASSES
     chw = np.full((len(labels), 3, 32, 32), 235, np.int64)
     chw[:, :, :, 16:] -= 22 * labels[:, None, None, None]
     chw += rng.integers(-3, 4, chw.shape)
-    images = np.clip(chw, 0, 255).reshape(len(labels), cifar10.IMAGE_BYTES)
+    images = np.clip(chw, 0, 255).reshape(len(labels), schema.IMAGE_BYTES)
     os.makedirs(data_dir)
-    for split in cifar10.SPLITS:
-        with tf.io.TFRecordWriter(cifar10.record_path(data_dir, split)) as writer:
+    for split in schema.SPLITS:
+        with tf.io.TFRecordWriter(schema.record_path(data_dir, split)) as writer:
             for image, label in zip(images.astype(np.uint8), labels):
-                writer.write(cifar10.encode_example(image.tobytes(), int(label)))
+                writer.write(schema.encode_example(image.tobytes(), int(label)))
     job_dir = str(tmp_path / "job")
     # Default learning rate and batch-norm decay: what a user's first short run gets.
-    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", "8",
+    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", "8",
                        "--train-batch-size", "64", "--eval-batch-size", "64",
                        "--train-steps", "300", "--eval-throttle-secs", "100000",
                        "--use-distortion-for-training=false", "--seed", "0"])

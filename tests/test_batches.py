@@ -7,7 +7,7 @@ import pickletools
 import numpy as np
 import pytest
 
-from cifar10_estimator import batches
+from cifar10_estimator.data import pickles
 from cifar10_estimator.errors import UserError
 from conftest import batch_dict
 
@@ -27,7 +27,7 @@ def opcodes(data: bytes) -> list[tuple[str, object]]:
 
 
 def write(path, obj_or_bytes) -> str:
-    data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else batches.dumps_py2(obj_or_bytes)
+    data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else pickles.dumps_py2(obj_or_bytes)
     with open(path, "wb") as f:
         f.write(data)
     return str(path)
@@ -44,7 +44,7 @@ def test_writer_has_python2s_opcodes_for_an_array():
     # The same opcodes as Python 2's cPickle, but for numpy's dtype arguments (False/True where
     # Python 2's numpy wrote 0/1) and the memo (slots from 0, one more memoized object): the
     # loader path is the same, and both load to the same array.
-    ours = batches.dumps_py2(np.array([15, 16, 17], np.uint32))
+    ours = pickles.dumps_py2(np.array([15, 16, 17], np.uint32))
     ops = opcodes(ours)
     args = ops.index(("SHORT_BINSTRING", "u4")) + 1  # numpy.dtype('u4', align, copy)
     assert ops[args:args + 2] == [("NEWFALSE", None), ("NEWTRUE", None)]
@@ -56,7 +56,7 @@ def test_writer_has_python2s_opcodes_for_an_array():
 
 def test_writer_opcode_shape_is_python2_protocol2():
     data = np.arange(2 * 3072, dtype=np.uint32).astype(np.uint8).reshape(2, 3072)
-    pickled = batches.dumps_py2({"data": data, "labels": [3, 7]})
+    pickled = pickles.dumps_py2({"data": data, "labels": [3, 7]})
     expected = [
         ("PROTO", 2), ("EMPTY_DICT", None), ("MARK", None),
         ("SHORT_BINSTRING", "data"),
@@ -84,11 +84,11 @@ def test_writer_opcode_shape_is_python2_protocol2():
 def test_writer_batches_long_lists_and_uses_long_memo_indices(tmp_path):
     # Python 2 appended list items in runs of 1,000 and switched to LONG_BINPUT past slot 255.
     body = good_batch(1001)
-    pickled = batches.dumps_py2(body)
+    pickled = pickles.dumps_py2(body)
     ops = [op.name for op, _, _ in pickletools.genops(pickled)]
     assert ops.count("APPENDS") == 2 and ops.count("APPEND") == 2  # labels and filenames
     assert "LONG_BINPUT" in ops
-    loaded = batches.load_pickle(write(tmp_path / "b", pickled))
+    loaded = pickles.load_pickle(write(tmp_path / "b", pickled))
     assert loaded[b"filenames"][1000] == b"img_s_001000.png"
     assert loaded[b"labels"] == body["labels"]
 
@@ -99,7 +99,7 @@ def test_written_batch_loads_like_the_real_files(tmp_path):
     plain = pickle.load(open(path, "rb"), encoding="bytes")  # what CIFAR's own docs do
     assert list(plain) == [b"batch_label", b"labels", b"data", b"filenames"]
     assert plain[b"batch_label"] == b"training batch 1 of 5"
-    batch = batches.load_batch(path)
+    batch = pickles.load_batch(path)
     np.testing.assert_array_equal(batch.data, body["data"])
     assert batch.data.dtype == np.uint8 and batch.data.flags.c_contiguous
     assert batch.labels.tolist() == body["labels"]
@@ -123,7 +123,7 @@ def test_malicious_pickle_runs_nothing(tmp_path, protocol, nested):
     obj = {b"data": payload, b"labels": [1]} if nested else payload
     path = write(tmp_path / "data_batch_1", pickle.dumps(obj, protocol=protocol))
     with pytest.raises(UserError) as e:
-        batches.load_batch(path)
+        pickles.load_batch(path)
     assert not marker.exists()
     message = str(e.value)
     assert path in message and "refused to load" in message and "system" in message
@@ -136,58 +136,58 @@ def test_malicious_pickle_runs_nothing(tmp_path, protocol, nested):
 def test_codecs_only_as_latin1(tmp_path):
     # A batch re-saved by Python 3 at protocol 2 stores bytes as _codecs.encode(str, 'latin1').
     body = {b"data": np.full((2, 3072), 7, np.uint8), b"labels": [0, 9]}
-    batch = batches.load_batch(write(tmp_path / "py3p2", pickle.dumps(body, protocol=2)))
+    batch = pickles.load_batch(write(tmp_path / "py3p2", pickle.dumps(body, protocol=2)))
     assert batch.data[0, 0] == 7 and batch.labels.tolist() == [0, 9]
     # Any other codec is refused (zlib and friends could decompress a bomb).
     sneaky = (b"\x80\x02c_codecs\nencode\nX\x02\x00\x00\x00eJX\x0a\x00\x00\x00zlib_codec\x86R.")
     with pytest.raises(UserError, match="latin1"):
-        batches.load_pickle(write(tmp_path / "zlib", sneaky))
+        pickles.load_pickle(write(tmp_path / "zlib", sneaky))
 
 
 @pytest.mark.parametrize("protocol", [3, 4, 5])
 def test_python3_pickles_with_text_keys_load(tmp_path, protocol):
     body = {"data": np.full((3, 3072), 200, np.uint8), "labels": [1, 2, 3]}
-    batch = batches.load_batch(write(tmp_path / "py3", pickle.dumps(body, protocol=protocol)))
+    batch = pickles.load_batch(write(tmp_path / "py3", pickle.dumps(body, protocol=protocol)))
     assert batch.labels.tolist() == [1, 2, 3] and batch.data[2, 3071] == 200
 
 
 # --- broken files -------------------------------------------------------------------------------
 
 def test_truncated_pickle(tmp_path):
-    full = batches.dumps_py2(good_batch())
+    full = pickles.dumps_py2(good_batch())
     path = write(tmp_path / "data_batch_2", full[: len(full) // 2])
     with pytest.raises(UserError, match="truncated") as e:
-        batches.load_batch(path)
+        pickles.load_batch(path)
     assert path in str(e.value)
 
 
 def test_truncated_right_after_header(tmp_path):
     path = write(tmp_path / "data_batch_2", b"\x80\x02}q\x01(U\x04data")
     with pytest.raises(UserError, match=f"{path}.*truncated"):
-        batches.load_batch(path)
+        pickles.load_batch(path)
 
 
 def test_empty_file(tmp_path):
     path = write(tmp_path / "test_batch", b"")
     with pytest.raises(UserError, match=f"{path} is empty"):
-        batches.load_batch(path)
+        pickles.load_batch(path)
 
 
 def test_directory_instead_of_file(tmp_path):
     (tmp_path / "data_batch_3").mkdir()
     with pytest.raises(UserError, match="data_batch_3 is a directory"):
-        batches.load_batch(str(tmp_path / "data_batch_3"))
+        pickles.load_batch(str(tmp_path / "data_batch_3"))
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="data_batch_4 not found"):
-        batches.load_batch(str(tmp_path / "data_batch_4"))
+        pickles.load_batch(str(tmp_path / "data_batch_4"))
 
 
 def test_garbage_bytes(tmp_path):
     path = write(tmp_path / "data_batch_1", b"<html>404 Not Found</html>\n")
     with pytest.raises(UserError, match="not a valid CIFAR batch"):
-        batches.load_batch(path)
+        pickles.load_batch(path)
 
 
 def _with(**changes):
@@ -216,6 +216,6 @@ def _with(**changes):
 def test_invalid_content(tmp_path, body, expected):
     path = write(tmp_path / "data_batch_5", body)
     with pytest.raises(UserError, match=expected) as e:
-        batches.load_batch(path)
+        pickles.load_batch(path)
     assert str(e.value).startswith(f"{path} is not a valid CIFAR batch")
     assert "\n" not in str(e.value)

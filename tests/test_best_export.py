@@ -8,7 +8,10 @@ import os
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import export, main, model_fn
+from cifar10_estimator import train
+from cifar10_estimator.model import model_fn
+from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.serving import best_export, export
 from trainer_fixtures import TINY_FLAGS, checkpoint_of
 
 
@@ -21,7 +24,7 @@ def test_only_a_better_evaluation_replaces_the_best_export_even_after_a_resume(
         tmp_path, caplog):
     checkpoint = checkpoint_of(8, tmp_path)
     out = str(tmp_path / "export")
-    best = export.BestExport(model_fn.ModelSettings(num_layers=8), out)
+    best = best_export.BestExport(model_fn.ModelSettings(ModelParams(num_layers=8)), out)
     assert best.best_accuracy() is None
     first = best.consider({"accuracy": 0.5, "global_step": 10}, checkpoint)
     assert first and _metrics(first) == {"accuracy": 0.5, "global_step": 10}
@@ -32,7 +35,7 @@ def test_only_a_better_evaluation_replaces_the_best_export_even_after_a_resume(
     assert os.listdir(best.folder) == [os.path.basename(second)]  # the older one is gone
     assert "best accuracy so far, 62.50%" in caplog.text
     # A resumed job reads the contest's state back from the export.
-    again = export.BestExport(model_fn.ModelSettings(num_layers=8), out)
+    again = best_export.BestExport(model_fn.ModelSettings(ModelParams(num_layers=8)), out)
     assert again.best_accuracy() == 0.625
     assert again.consider({"accuracy": 0.6, "global_step": 50}, checkpoint) is None
     # The best export serves like the final one.
@@ -45,7 +48,8 @@ def test_a_checkpoint_deleted_before_its_export_is_skipped_with_one_line(tmp_pat
     checkpoint = checkpoint_of(8, tmp_path)
     for path in glob.glob(checkpoint + ".*"):
         os.remove(path)  # as --keep-checkpoint-max does
-    best = export.BestExport(model_fn.ModelSettings(num_layers=8), str(tmp_path / "export"))
+    best = best_export.BestExport(model_fn.ModelSettings(ModelParams(num_layers=8)),
+                                  str(tmp_path / "export"))
     with caplog.at_level(logging.INFO, "cifar10_estimator"):
         assert best.consider({"accuracy": 0.9}, checkpoint) is None
     assert "was deleted before it could be exported" in caplog.text
@@ -56,7 +60,7 @@ def test_a_local_run_exports_its_best_evaluation_and_the_final_export_says_its_m
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
                        "--train-steps", "9", "--save-checkpoints-steps", "3",
                        "--eval-throttle-secs", "0", "--export-best"])
     # Every evaluation Estimator ran, as it wrote them for TensorBoard.
@@ -67,9 +71,9 @@ def test_a_local_run_exports_its_best_evaluation_and_the_final_export_says_its_m
                 if value.tag == "accuracy":
                     evaluations[event.step] = value.simple_value
     assert len(evaluations) >= 2, evaluations
-    versions = os.listdir(os.path.join(job_dir, "export", export.BEST_SUBDIR))
+    versions = os.listdir(os.path.join(job_dir, "export", best_export.BEST_SUBDIR))
     assert len(versions) == 1
-    kept = _metrics(os.path.join(job_dir, "export", export.BEST_SUBDIR, versions[0]))
+    kept = _metrics(os.path.join(job_dir, "export", best_export.BEST_SUBDIR, versions[0]))
     top = max(evaluations.values())
     assert kept["accuracy"] == pytest.approx(top, abs=1e-6)
     # On ties the first evaluation that reached it stays.

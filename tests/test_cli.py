@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from cifar10_estimator import main
+from cifar10_estimator import train
+from cifar10_estimator.training import flags
 from trainer_fixtures import TINY_FLAGS, run_module
 
 
@@ -26,7 +27,7 @@ def test_invalid_flags_give_one_line_naming_the_flag_and_write_nothing(
         flags, message, tiny_records, tmp_path, capsys):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    status = main.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *flags])
+    status = train.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert message in err[-1] and err[-1].startswith("cifar10_estimator: error:")
@@ -34,7 +35,7 @@ def test_invalid_flags_give_one_line_naming_the_flag_and_write_nothing(
 
 
 def test_missing_records_name_the_generator_command(tmp_path, capsys):
-    status = main.main(["--data-dir", str(tmp_path), "--job-dir", str(tmp_path / "job"),
+    status = train.main(["--data-dir", str(tmp_path), "--job-dir", str(tmp_path / "job"),
                         *TINY_FLAGS])
     err = capsys.readouterr().err
     assert status == 2 and "train.tfrecords not found" in err and "generate_tfrecords" in err
@@ -42,7 +43,7 @@ def test_missing_records_name_the_generator_command(tmp_path, capsys):
 
 
 def test_booleans_are_real_booleans():
-    parse = main.build_parser().parse_args
+    parse = flags.build_parser().parse_args
     assert parse([]).use_distortion_for_training is True
     for text, value in [("false", False), ("False", False), ("0", False), ("no", False),
                         ("true", True), ("1", True)]:
@@ -59,5 +60,6 @@ def test_a_user_mistake_in_a_real_process_prints_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "cifar10_estimator: error: --num-layers must be 6n+2 (20, 32, 44, 56, 110, ...), got 10")
+        "cifar10_estimator: error: --num-layers must be 6n+2 with n >= 1 "
+        "(8, 14, 20, 32, 44, 56, 110, ...), got 10")
     assert not os.path.exists(tmp_path / "job")

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from cifar10_estimator import cpu, main
+from cifar10_estimator import train
+from cifar10_estimator.training import cpu, precision
 from cifar10_estimator.errors import UserError
 from trainer_fixtures import TINY_FLAGS, run_module
 
@@ -69,32 +70,32 @@ def test_onednn_is_preferred_only_when_the_user_has_not_chosen():
 ])
 def test_auto_picks_bf16_only_where_it_is_native_and_onednn_runs_it(text, onednn, expected,
                                                                      because):
-    precision, why = cpu.resolve_precision("auto", cpu.parse_cpuinfo(text), onednn=onednn)
-    assert precision == expected and because in why and why.startswith("auto")
+    chosen, why = precision.resolve_precision("auto", cpu.parse_cpuinfo(text), onednn=onednn)
+    assert chosen == expected and because in why and why.startswith("auto")
 
 
 def test_explicit_choices_are_kept_where_they_fit():
     zen5 = cpu.parse_cpuinfo(ZEN5)
-    assert cpu.resolve_precision("bf16", zen5, onednn=True)[0] == "bf16"
-    assert cpu.resolve_precision("fp32", zen5, onednn=True)[0] == "fp32"
-    assert cpu.resolve_precision("fp32", cpu.parse_cpuinfo(ZEN3), onednn=False)[0] == "fp32"
+    assert precision.resolve_precision("bf16", zen5, onednn=True)[0] == "bf16"
+    assert precision.resolve_precision("fp32", zen5, onednn=True)[0] == "fp32"
+    assert precision.resolve_precision("fp32", cpu.parse_cpuinfo(ZEN3), onednn=False)[0] == "fp32"
 
 
 def test_bf16_without_native_support_or_onednn_is_refused_with_the_reason():
     with pytest.raises(UserError, match=r"--precision bf16: this CPU \(AMD EPYC 7B13\) has no "
                                         r"native bfloat16 .* use --precision fp32 or auto"):
-        cpu.resolve_precision("bf16", cpu.parse_cpuinfo(ZEN3), onednn=True)
+        precision.resolve_precision("bf16", cpu.parse_cpuinfo(ZEN3), onednn=True)
     with pytest.raises(UserError, match="oneDNN, which is off"):
-        cpu.resolve_precision("bf16", cpu.parse_cpuinfo(ZEN5), onednn=False)
+        precision.resolve_precision("bf16", cpu.parse_cpuinfo(ZEN5), onednn=False)
 
 
 def test_gpu_rules_bf16_needs_ampere_and_auto_stays_fp32():
     zen3 = cpu.parse_cpuinfo(ZEN3)  # the host CPU does not matter for GPU training
-    assert cpu.resolve_precision("auto", zen3, onednn=False, gpu_capabilities=[(8, 0)])[0] == "fp32"
-    assert cpu.resolve_precision("bf16", zen3, onednn=False,
+    assert precision.resolve_precision("auto", zen3, onednn=False, gpu_capabilities=[(8, 0)])[0] == "fp32"
+    assert precision.resolve_precision("bf16", zen3, onednn=False,
                                  gpu_capabilities=[(8, 6), (9, 0)])[0] == "bf16"
     with pytest.raises(UserError, match="compute capability 8.0 or newer.*7.0"):
-        cpu.resolve_precision("bf16", zen3, onednn=False, gpu_capabilities=[(8, 0), (7, 0)])
+        precision.resolve_precision("bf16", zen3, onednn=False, gpu_capabilities=[(8, 0), (7, 0)])
 
 
 def test_the_trainer_refuses_bf16_on_an_avx2_cpu_at_once(tiny_records, tmp_path, capsys,
@@ -103,7 +104,7 @@ def test_the_trainer_refuses_bf16_on_an_avx2_cpu_at_once(tiny_records, tmp_path,
     monkeypatch.setattr(cpu, "read_cpu_info", lambda: cpu.parse_cpuinfo(ZEN3))
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    status = main.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
+    status = train.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
                         "--train-steps", "2", "--precision", "bf16"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and "Traceback" not in "\n".join(err)
@@ -116,7 +117,7 @@ def test_auto_on_an_avx2_cpu_trains_in_fp32_and_says_why(tiny_records, tmp_path,
                                                          monkeypatch):
     monkeypatch.setattr(cpu, "read_cpu_info", lambda: cpu.parse_cpuinfo(ZEN3))
     data_dir, _ = tiny_records
-    status = main.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
+    status = train.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
                         *TINY_FLAGS, "--train-steps", "2", "--precision", "auto",
                         "--eval-throttle-secs", "1"])
     err = capsys.readouterr().err
@@ -155,4 +156,4 @@ def test_a_onednn_isa_cap_below_bf16_takes_native_bf16_away():
     assert zen5.as_seen_by_onednn("avx512_core_amx").native_bf16
     capped = zen5.as_seen_by_onednn("AVX2")
     assert not capped.native_bf16 and "[oneDNN capped at AVX2]" in capped.model
-    assert cpu.resolve_precision("auto", capped, onednn=True)[0] == "fp32"
+    assert precision.resolve_precision("auto", capped, onednn=True)[0] == "fp32"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, dataset
+from cifar10_estimator.data import pipeline
 from cifar10_estimator.errors import UserError
 
 
@@ -15,7 +15,7 @@ def _hwc(rows):
 def test_training_batches_without_distortion_are_the_records(tiny_records):
     data_dir, rows = tiny_records
     images, labels = rows["train"]
-    ds = dataset.Cifar10DataSet(data_dir, "train", use_distortion=False).make_batch(32, seed=1)
+    ds = pipeline.Cifar10DataSet(data_dir, "train", use_distortion=False).make_batch(32, seed=1)
     features, batch_labels = next(iter(ds))
     assert features["image"].dtype == tf.float32 and features["image"].shape == (32, 32, 32, 3)
     assert batch_labels.dtype == tf.int32 and batch_labels.shape == (32,)
@@ -27,7 +27,7 @@ def test_training_batches_without_distortion_are_the_records(tiny_records):
 
 def test_an_epoch_visits_every_training_record_once(tiny_records):
     data_dir, rows = tiny_records
-    ds = dataset.Cifar10DataSet(data_dir, "train", use_distortion=False).make_batch(8, seed=2)
+    ds = pipeline.Cifar10DataSet(data_dir, "train", use_distortion=False).make_batch(8, seed=2)
     seen = np.concatenate([labels.numpy() for _, labels in ds.take(96 // 8)])
     assert sorted(seen.tolist()) == sorted(rows["train"][1].tolist())
 
@@ -39,7 +39,7 @@ def test_distortion_is_a_padded_crop_possibly_flipped():
                   for w in (padded[y:y + 32, x:x + 32], padded[y:y + 32, x:x + 32][:, ::-1])]
     outcomes = set()
     for i in range(40):
-        out = dataset.distort_batch(tf.constant(image), tf.constant([7, i], tf.int64))[0].numpy()
+        out = pipeline.distort_batch(tf.constant(image), tf.constant([7, i], tf.int64))[0].numpy()
         match = [k for k, c in enumerate(candidates) if np.array_equal(c, out)]
         assert match, "output is not a crop of the padded image"
         outcomes.add(match[0])
@@ -49,7 +49,7 @@ def test_distortion_is_a_padded_crop_possibly_flipped():
 
 def test_augmentation_is_repeatable_for_a_seed(tiny_records):
     data_dir, _ = tiny_records
-    make = lambda seed: next(iter(dataset.Cifar10DataSet(data_dir, "train").make_batch(  # noqa
+    make = lambda seed: next(iter(pipeline.Cifar10DataSet(data_dir, "train").make_batch(  # noqa
         16, seed=seed)))[0]["image"].numpy()
     assert np.array_equal(make(5), make(5))
     assert not np.array_equal(make(5), make(6))
@@ -58,7 +58,7 @@ def test_augmentation_is_repeatable_for_a_seed(tiny_records):
 def test_evaluation_is_one_ordered_pass_counting_every_record_once(tiny_records):
     data_dir, rows = tiny_records
     images, labels = rows["eval"]  # 37 records, batch 8: the last batch has 5
-    batches = list(dataset.Cifar10DataSet(data_dir, "eval").make_batch(8))
+    batches = list(pipeline.Cifar10DataSet(data_dir, "eval").make_batch(8))
     assert len(batches) == 5
     weights = np.concatenate([f["weight"].numpy() for f, _ in batches])
     got_labels = np.concatenate([l.numpy() for _, l in batches])
@@ -71,15 +71,15 @@ def test_evaluation_is_one_ordered_pass_counting_every_record_once(tiny_records)
 
 def test_record_count_comes_from_the_file_when_there_is_no_metadata(tiny_records):
     data_dir, _ = tiny_records
-    assert dataset.Cifar10DataSet(data_dir, "train").num_examples() == 96
+    assert pipeline.Cifar10DataSet(data_dir, "train").num_examples() == 96
 
 
 def test_missing_records_name_the_file_and_the_generator(tmp_path):
     with pytest.raises(UserError) as e:
-        dataset.Cifar10DataSet(str(tmp_path), "train")
+        pipeline.Cifar10DataSet(str(tmp_path), "train")
     assert "train.tfrecords" in str(e.value) and "generate_tfrecords.py" in str(e.value)
 
 
 def test_unknown_subset_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="subset"):
-        dataset.Cifar10DataSet(str(tmp_path), "test")
+        pipeline.Cifar10DataSet(str(tmp_path), "test")

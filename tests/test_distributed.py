@@ -17,13 +17,14 @@ import time
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cluster, train
-from cifar10_estimator.config import TrainConfig
+from cifar10_estimator.data import schema
+from cifar10_estimator.training import driver, launcher
+from cifar10_estimator.training.config import TrainConfig
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
 
 STEPS = 40
 _RAN = re.compile(r"this task ran (\d+) training steps")
-_EVAL = re.compile(r"Saving dict for global step (\d+):")
+_EVAL = re.compile(r"\bevaluation at step (\d+):")
 _RATE = re.compile(r"([\d.]+) images/s on average on this worker, cluster ([\d.]+) images/s")
 
 
@@ -142,7 +143,7 @@ def test_sync_on_one_machine_ends_without_the_shutdown_stall(tiny_records, tmp_p
     assert time.monotonic() - started < 90
 
 
-def _start(task: cluster.Task, args: list[str], log_path) -> subprocess.Popen:
+def _start(task: launcher.Task, args: list[str], log_path) -> subprocess.Popen:
     env = dict(_env(), TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
         return subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args], env=env,
@@ -163,7 +164,7 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     steps = 300
-    ps, chief, worker = cluster.plan(num_workers=2, num_ps=1, evaluator=False)
+    ps, chief, worker = launcher.plan(num_workers=2, num_ps=1, evaluator=False)
     flags = _trainer_flags(data_dir, job_dir, "--cluster-timeout-secs", "10",
                            "--save-checkpoints-steps", "50", "--progress-secs", "0.5")
     flags[flags.index("--train-steps") + 1] = str(steps)
@@ -194,7 +195,7 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
 
 
 def _closed_ports(count: int) -> list[int]:
-    return cluster.free_ports(count)  # free a moment ago, and nobody listens
+    return launcher.free_ports(count)  # free a moment ago, and nobody listens
 
 
 def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
@@ -209,7 +210,7 @@ def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
     chief_port, worker_port = _closed_ports(2)
     spec = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
             "ps": [f"127.0.0.1:{ps_port}"]}
-    env = dict(_env(), TF_CONFIG=cluster.tf_config(spec, "worker", 0))
+    env = dict(_env(), TF_CONFIG=launcher.tf_config(spec, "worker", 0))
     started = time.monotonic()
     try:
         proc = subprocess.run(
@@ -234,7 +235,7 @@ def test_a_worker_that_does_not_see_the_chiefs_job_dir_fails_clearly(tiny_record
     spec = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
             "ps": [f"127.0.0.1:{ps_port}"]}
     tf.distribute.Server(tf.train.ClusterSpec(spec), job_name="ps", task_index=0, start=True)
-    env = dict(_env(), TF_CONFIG=cluster.tf_config(spec, "worker", 0))
+    env = dict(_env(), TF_CONFIG=launcher.tf_config(spec, "worker", 0))
     job_dir = str(tmp_path / "not-shared")
     proc = subprocess.run(
         [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
@@ -259,7 +260,7 @@ def test_the_launcher_stops_every_task_and_fails_when_one_task_fails(tmp_path):
 
 
 def test_cluster_layout_counts_the_chief_among_the_workers():
-    tasks = cluster.plan(num_workers=3, num_ps=2, evaluator=True)
+    tasks = launcher.plan(num_workers=3, num_ps=2, evaluator=True)
     assert [t.name for t in tasks] == ["ps0", "ps1", "chief", "worker0", "worker1", "evaluator"]
     import json
     spec = json.loads(tasks[0].tf_config)["cluster"]
@@ -275,7 +276,8 @@ def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
     async_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8)
     sync_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8, sync=True)
     # 96 records: 12 batches of 8. Async: one batch per global step, whatever the workers.
-    assert train.model_settings(async_config, 2, True, 96).steps_per_epoch == 12
+    names = schema.CLASS_NAMES
+    assert driver.model_settings(async_config, 2, True, 96, names).steps_per_epoch == 12
     # Sync with 2 workers: each global step consumes 2 batches.
-    assert train.model_settings(sync_config, 2, True, 96).steps_per_epoch == 6
-    assert train.model_settings(sync_config, 1, True, 96).steps_per_epoch == 12
+    assert driver.model_settings(sync_config, 2, True, 96, names).steps_per_epoch == 6
+    assert driver.model_settings(sync_config, 1, True, 96, names).steps_per_epoch == 12

@@ -12,15 +12,16 @@ import struct
 import subprocess
 import sys
 import time
-import zlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, cpu, main
+from cifar10_estimator import train
+from cifar10_estimator.data import metadata, schema, writer
+from cifar10_estimator.training import cpu
 from conftest import md5, run_generator_cli
-from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
+from trainer_fixtures import REPO, TINY_FLAGS, bomb_png, checkpoint_step, run_module
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 
@@ -83,15 +84,15 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
 
 def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
     data_dir = _copy_records(tiny_records, tmp_path)
-    path = cifar10.record_path(data_dir, "train")
+    path = schema.record_path(data_dir, "train")
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0xFF  # one flipped byte: a CRC mismatch mid-file
     open(path, "wb").write(bytes(data))
     # Metadata of format 1 (an older generator: counts, no sizes or checksums): nothing to
     # check before training, so the damage is met inside training.
-    with open(os.path.join(data_dir, cifar10.METADATA_FILENAME), "w") as f:
+    with open(os.path.join(data_dir, metadata.METADATA_FILENAME), "w") as f:
         json.dump({"format": 1, "counts": {"train": 96, "validation": 16, "eval": 37},
-                   "source": "test", "label_names": list(cifar10.CLASS_NAMES)}, f)
+                   "source": "test", "label_names": list(schema.CLASS_NAMES)}, f)
     proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
                       str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "5")
     _one_line_error(proc, f"{path} is truncated or corrupt", "generate_tfrecords.py")
@@ -99,7 +100,7 @@ def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
 
 def test_truncated_eval_records_name_the_file(tiny_records, tmp_path):
     data_dir = _copy_records(tiny_records, tmp_path)
-    path = cifar10.record_path(data_dir, "eval")
+    path = schema.record_path(data_dir, "eval")
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 100)
     proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
@@ -129,19 +130,19 @@ def test_job_dir_of_another_model_is_refused_by_name(tiny_records, tmp_path, cap
     job_dir = str(tmp_path / "job")
     base = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
             "--eval-throttle-secs", "100000"]
-    assert main.main([*base, "--train-steps", "2"]) == 0
+    assert train.main([*base, "--train-steps", "2"]) == 0
     before = sorted(os.listdir(job_dir))
     capsys.readouterr()
     for flags, found in ([["--num-layers", "14"], "ResNet-8 v1, but the flags ask for ResNet-14 v1"],
                          [["--resnet-version", "2"], "ResNet-8 v1, but the flags ask for ResNet-8 v2"]):
-        assert main.main([*base, "--train-steps", "4", *flags]) == 2
+        assert train.main([*base, "--train-steps", "4", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert found in err and "--num-layers 8 --resnet-version 1" in err
     assert sorted(os.listdir(job_dir)) == before
     # Layout and precision do not change the variables: resuming with them is allowed
     # (channels_first on a CPU where oneDNN is on; auto precision is bf16 on CPUs with it).
     layout = "channels_first" if cpu.onednn_enabled() else "channels_last"
-    assert main.main([*base, "--train-steps", "4", "--data-format", layout,
+    assert train.main([*base, "--train-steps", "4", "--data-format", layout,
                       "--precision", "auto"]) == 0
 
 
@@ -166,7 +167,7 @@ def test_disk_full_during_export_leaves_no_export_that_looks_complete(tiny_recor
     job_dir = str(tmp_path / "job")
     flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, "--train-steps", "2",
              "--export-dir", str(tmp_path / "export")]
-    assert main.main(flags) == 0
+    assert train.main(flags) == 0
     shutil.rmtree(tmp_path / "export")
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", *flags], cwd=REPO,
                           capture_output=True, text=True, preexec_fn=_limit_file_size)
@@ -174,16 +175,10 @@ def test_disk_full_during_export_leaves_no_export_that_looks_complete(tiny_recor
     assert os.listdir(tmp_path / "export") == []
 
 
-def _png_header(width: int, height: int) -> bytes:
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr
-    return b"\x89PNG\r\n\x1a\n" + chunk + struct.pack(">I", zlib.crc32(chunk[4:]))
-
-
 def test_predict_handles_odd_images_and_refuses_bad_input(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    assert main.main(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+    assert train.main(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
                       "--train-steps", "1"]) == 0
     export = os.path.join(job_dir, "export", os.listdir(os.path.join(job_dir, "export"))[0])
     gray = tmp_path / "gray.png"
@@ -197,11 +192,11 @@ def test_predict_handles_odd_images_and_refuses_bad_input(tiny_records, tmp_path
     text = tmp_path / "notes.png"
     text.write_text("this is not an image")
     _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export, str(text)),
-                    f"{text} is not a PNG, JPEG, GIF or BMP image")
+                    f"{text} is not a readable PNG, JPEG, GIF or BMP image")
     huge = tmp_path / "huge.png"
-    huge.write_bytes(_png_header(60_000, 60_000))  # a decompression bomb's header
+    huge.write_bytes(bomb_png(60_000, 60_000))
     _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export, str(huge)),
-                    f"{huge} is 60000x60000 pixels")
+                    f"{huge} is too large to decode safely (Image size (3600000000 pixels)")
     _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", job_dir,
                                str(gray)), f"{job_dir} is not a SavedModel folder")
     _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export,
@@ -232,12 +227,11 @@ def test_a_record_file_cut_short_is_refused_before_training(cut, tmp_path, capsy
     # TensorFlow's reader takes a partial header at the end for the end of the file, and a
     # cut between records leaves a valid shorter file: both would train without a word.
     from conftest import write_cifar_dir
-    from cifar10_estimator import generate
 
     data_dir = str(tmp_path / "data")
     write_cifar_dir(data_dir, images_per_batch=12)
-    generate.generate_tfrecords(data_dir, log=lambda _: None)
-    path = cifar10.record_path(data_dir, "train")
+    writer.generate_tfrecords(data_dir, log=lambda _: None)
+    path = schema.record_path(data_dir, "train")
     starts = _record_starts(path)
     half = starts[len(starts) // 2]  # half the file gone
     offset = {"7 bytes into a record header": half + 7, "inside a record": half + 12 + 100,
@@ -245,34 +239,33 @@ def test_a_record_file_cut_short_is_refused_before_training(cut, tmp_path, capsy
     with open(path, "r+b") as f:
         f.truncate(offset)
     job_dir = tmp_path / "job"
-    status = main.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
+    status = train.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
                         "--train-steps", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert err[-1] == (
         f"cifar10_estimator: error: {path} is {offset:,} bytes but the generator wrote "
         f"{_written_size(data_dir):,} "
-        f"({cifar10.METADATA_FILENAME}): it is truncated or was replaced; regenerate it with "
-        f"{cifar10.GENERATOR_COMMAND}")
+        f"({metadata.METADATA_FILENAME}): it is truncated or was replaced; regenerate it with "
+        f"{schema.GENERATOR_COMMAND}")
     assert not job_dir.exists()
 
 
 def _written_size(data_dir: str) -> int:
-    return cifar10.dataset_info(data_dir).splits["train"].size
+    return metadata.dataset_info(data_dir).splits["train"].size
 
 
 def test_changed_bytes_of_the_same_size_are_refused_before_training(tmp_path, capsys):
     from conftest import write_cifar_dir
-    from cifar10_estimator import generate
 
     data_dir = str(tmp_path / "data")
     write_cifar_dir(data_dir, images_per_batch=12)
-    generate.generate_tfrecords(data_dir, log=lambda _: None)
-    path = cifar10.record_path(data_dir, "eval")
+    writer.generate_tfrecords(data_dir, log=lambda _: None)
+    path = schema.record_path(data_dir, "eval")
     data = bytearray(open(path, "rb").read())
     data[-40] ^= 0x01  # one pixel of the last image
     open(path, "wb").write(bytes(data))
-    status = main.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
+    status = train.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
                         *TINY_FLAGS, "--train-steps", "2"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 2 and f"{path} has the size the generator wrote but other bytes" in err

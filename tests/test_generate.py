@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import batches, cifar10, download, fsutil, generate
+from cifar10_estimator import fsutil, generate
+from cifar10_estimator.data import archives, metadata, pickles, sample_data, schema, writer
 from cifar10_estimator.errors import UserError
 from conftest import listing, md5, run_generator_cli
 
@@ -36,21 +37,13 @@ def read_records(path) -> list[bytes]:
 
 def quiet_generate(*args, **kwargs):
     lines = []
-    counts = generate.generate_tfrecords(*args, log=lines.append, progress=io.StringIO(),
+    counts = writer.generate_tfrecords(*args, log=lines.append, progress=io.StringIO(),
                                          **kwargs)
     return counts, lines
 
 
 def test_schema_splits_match_the_original():
-    assert {k: list(v) for k, v in cifar10.SPLITS.items()} == SPLIT_BATCHES
-
-
-@pytest.mark.parametrize("label", [0, 1, 9, 127, 128, 300, -1, 2**63 - 1])
-@pytest.mark.parametrize("size", [3072, 0, 100, 200])
-def test_encode_example_equals_a_reference_example(label, size):
-    # encode_example writes the protobuf bytes by hand; they must be tf.train.Example's.
-    image = bytes(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
-    assert cifar10.encode_example(image, label) == reference_example(image, label)
+    assert {k: list(v) for k, v in schema.SPLITS.items()} == SPLIT_BATCHES
 
 
 def test_round_trip_pickles_to_records(tmp_path, make_cifar_dir):
@@ -61,8 +54,8 @@ def test_round_trip_pickles_to_records(tmp_path, make_cifar_dir):
     data[0, 0 * 1024 + 0 * 32 + 1] = 200  # red,   row 0,  column 1
     data[0, 1 * 1024 + 2 * 32 + 0] = 100  # green, row 2,  column 0
     data[0, 2 * 1024 + 31 * 32 + 31] = 50  # blue, row 31, column 31
-    with open(tmp_path / cifar10.BATCHES_DIRNAME / "data_batch_1", "wb") as f:
-        f.write(batches.dumps_py2({"batch_label": "training batch 1 of 5",
+    with open(tmp_path / schema.BATCHES_DIRNAME / "data_batch_1", "wb") as f:
+        f.write(pickles.dumps_py2({"batch_label": "training batch 1 of 5",
                                    "labels": contents["data_batch_1"][1], "data": data,
                                    "filenames": []}))
 
@@ -72,26 +65,26 @@ def test_round_trip_pickles_to_records(tmp_path, make_cifar_dir):
     for split, names in SPLIT_BATCHES.items():
         images = np.concatenate([contents[n][0] for n in names])
         labels = sum((contents[n][1] for n in names), [])
-        records = read_records(cifar10.record_path(str(tmp_path), split))
+        records = read_records(schema.record_path(str(tmp_path), split))
         assert len(records) == len(labels) == counts[split]
         for record, image, label in zip(records, images, labels):
             # Byte for byte what a tf.train.Example of {image, label} serializes to.
             assert record == reference_example(image.tobytes(), label)
-        parsed = [tf.io.parse_single_example(r, cifar10.FEATURE_SPEC) for r in records]
-        decoded = np.stack([cifar10.decode_images(p["image"]).numpy() for p in parsed])
+        parsed = [tf.io.parse_single_example(r, schema.FEATURE_SPEC) for r in records]
+        decoded = np.stack([schema.decode_images(p["image"]).numpy() for p in parsed])
         assert decoded.shape == (len(labels), 32, 32, 3) and decoded.dtype == np.uint8
         np.testing.assert_array_equal(decoded, images.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         assert [int(p["label"]) for p in parsed] == labels
 
-    first = cifar10.decode_images(tf.io.parse_single_example(
-        read_records(tmp_path / "train.tfrecords")[0], cifar10.FEATURE_SPEC)["image"]).numpy()
+    first = schema.decode_images(tf.io.parse_single_example(
+        read_records(tmp_path / "train.tfrecords")[0], schema.FEATURE_SPEC)["image"]).numpy()
     assert first[0, 1, 0] == 200 and first[2, 0, 1] == 100 and first[31, 31, 2] == 50
     assert np.count_nonzero(first) == 3
 
-    meta = json.loads((tmp_path / cifar10.METADATA_FILENAME).read_text())
+    meta = json.loads((tmp_path / metadata.METADATA_FILENAME).read_text())
     assert meta["counts"] == counts
-    assert meta["source"] == f"CIFAR-10 python batches in {tmp_path / cifar10.BATCHES_DIRNAME}"
-    assert cifar10.split_size(str(tmp_path), "train") == 80
+    assert meta["source"] == f"CIFAR-10 python batches in {tmp_path / schema.BATCHES_DIRNAME}"
+    assert metadata.split_size(str(tmp_path), "train") == 80
     # Announced per split, then a summary.
     assert "  train: 80 records" in lines and "  eval: 20 records" in lines
     assert lines[-1].startswith("Done: 120 records (train 80, validation 20, eval 20) in ")
@@ -102,19 +95,19 @@ def test_output_dir_and_rerun(tmp_path, make_cifar_dir):
     make_cifar_dir(str(tmp_path / "src"), images_per_batch=10)
     out = tmp_path / "out" / "records"
     quiet_generate(str(tmp_path / "src"), str(out))
-    assert sorted(os.listdir(out)) == sorted(OUTPUTS + [cifar10.METADATA_FILENAME])
+    assert sorted(os.listdir(out)) == sorted(OUTPUTS + [metadata.METADATA_FILENAME])
     assert not any(name.endswith(".tfrecords") for name in os.listdir(tmp_path / "src"))
     first = (out / "train.tfrecords").read_bytes()
     assert (out / "train.tfrecords").stat().st_mode & 0o777 == fsutil.FILE_MODE
     quiet_generate(str(tmp_path / "src"), str(out))  # a rerun replaces the files in place
     assert (out / "train.tfrecords").read_bytes() == first
-    assert sorted(os.listdir(out)) == sorted(OUTPUTS + [cifar10.METADATA_FILENAME])
+    assert sorted(os.listdir(out)) == sorted(OUTPUTS + [metadata.METADATA_FILENAME])
 
 
 def test_invalid_later_batch_leaves_no_new_file(tmp_path, make_cifar_dir):
     # train and validation are fine, test_batch has a label out of range: nothing may be
     # written, and outputs of an earlier run stay exactly as they were.
-    bad = batches.dumps_py2({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]})
+    bad = pickles.dumps_py2({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]})
     make_cifar_dir(str(tmp_path), images_per_batch=10, overrides={"test_batch": bad})
     (tmp_path / "train.tfrecords").write_bytes(b"previous run")
     with pytest.raises(UserError, match="test_batch is not a valid CIFAR batch: label 1 is 10"):
@@ -122,7 +115,7 @@ def test_invalid_later_batch_leaves_no_new_file(tmp_path, make_cifar_dir):
     assert (tmp_path / "train.tfrecords").read_bytes() == b"previous run"
     assert not (tmp_path / "validation.tfrecords").exists()
     assert not (tmp_path / "eval.tfrecords").exists()
-    assert not (tmp_path / cifar10.METADATA_FILENAME).exists()
+    assert not (tmp_path / metadata.METADATA_FILENAME).exists()
     assert [n for n in listing(tmp_path) if n.startswith(".")] == []
 
 
@@ -133,7 +126,7 @@ def test_failing_rename_takes_back_this_runs_files(tmp_path):
     finals = [str(tmp_path / name) for name in OUTPUTS]
     os.makedirs(os.path.join(finals[0], "keep"))
     with pytest.raises(OSError):
-        with generate._all_or_nothing(finals) as temps:
+        with writer._all_or_nothing(finals) as temps:
             for tmp in temps:
                 with open(tmp, "wb") as f:
                     f.write(b"new")
@@ -150,7 +143,7 @@ def test_output_path_that_is_a_folder(tmp_path, make_cifar_dir):
 
 def test_extracted_folder_wins_over_archive(tmp_path, make_cifar_dir, closed_port_url):
     make_cifar_dir(str(tmp_path), images_per_batch=10)
-    (tmp_path / download.ARCHIVE_NAME).write_bytes(b"not even an archive")
+    (tmp_path / archives.ARCHIVE_NAME).write_bytes(b"not even an archive")
     counts, _ = quiet_generate(str(tmp_path), source_url=closed_port_url)
     assert counts["train"] == 40
 
@@ -158,12 +151,12 @@ def test_extracted_folder_wins_over_archive(tmp_path, make_cifar_dir, closed_por
 def test_local_archive_is_verified_extracted_and_converted(tmp_path, make_cifar_tarball,
                                                            closed_port_url):
     archive, contents = make_cifar_tarball(images_per_batch=12)
-    (tmp_path / download.ARCHIVE_NAME).write_bytes(archive)
+    (tmp_path / archives.ARCHIVE_NAME).write_bytes(archive)
     # Unreachable URL: proves the local archive is used without any network.
     counts, lines = quiet_generate(str(tmp_path), source_url=closed_port_url,
                                    source_md5=md5(archive))
     assert counts == {"train": 48, "validation": 12, "eval": 12}
-    assert lines[0] == f"Checking {tmp_path / download.ARCHIVE_NAME}"
+    assert lines[0] == f"Checking {tmp_path / archives.ARCHIVE_NAME}"
     records = read_records(tmp_path / "eval.tfrecords")
     assert records[5] == reference_example(contents["test_batch"][0][5].tobytes(),
                                            contents["test_batch"][1][5])
@@ -171,10 +164,10 @@ def test_local_archive_is_verified_extracted_and_converted(tmp_path, make_cifar_
 
 def test_local_archive_with_wrong_md5(tmp_path, make_cifar_tarball):
     archive, _ = make_cifar_tarball()
-    (tmp_path / download.ARCHIVE_NAME).write_bytes(archive)
-    with pytest.raises(UserError, match=f"expected {download.DEFAULT_MD5}"):
+    (tmp_path / archives.ARCHIVE_NAME).write_bytes(archive)
+    with pytest.raises(UserError, match=f"expected {archives.DEFAULT_MD5}"):
         quiet_generate(str(tmp_path))
-    assert listing(tmp_path) == [download.ARCHIVE_NAME]  # the user's file is kept, as it was
+    assert listing(tmp_path) == [archives.ARCHIVE_NAME]  # the user's file is kept, as it was
 
 
 def test_download_then_convert(tmp_path, http_server, make_cifar_tarball):
@@ -184,8 +177,8 @@ def test_download_then_convert(tmp_path, http_server, make_cifar_tarball):
     counts, _ = quiet_generate(str(data_dir), source_url=http_server.url(
         "/mirror/cifar-10-python.tar.gz"), source_md5=md5(archive))
     assert counts == {"train": 40, "validation": 10, "eval": 10}
-    assert (data_dir / download.ARCHIVE_NAME).read_bytes() == archive  # kept for next time
-    meta = json.loads((data_dir / cifar10.METADATA_FILENAME).read_text())
+    assert (data_dir / archives.ARCHIVE_NAME).read_bytes() == archive  # kept for next time
+    meta = json.loads((data_dir / metadata.METADATA_FILENAME).read_text())
     url = http_server.url("/mirror/cifar-10-python.tar.gz")
     assert meta["source"] == f"{url} (MD5 {md5(archive)})"
 
@@ -203,15 +196,15 @@ def test_hostile_archive_through_the_generator(tmp_path, make_cifar_tarball):
     import tarfile
 
     def add_symlink(tar):
-        info = tarfile.TarInfo(f"{cifar10.BATCHES_DIRNAME}/evil")
+        info = tarfile.TarInfo(f"{schema.BATCHES_DIRNAME}/evil")
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(info)
 
     archive, _ = make_cifar_tarball(extra=add_symlink)
-    (tmp_path / download.ARCHIVE_NAME).write_bytes(archive)
+    (tmp_path / archives.ARCHIVE_NAME).write_bytes(archive)
     with pytest.raises(UserError, match="refused archive member 'cifar-10-batches-py/evil'"):
         quiet_generate(str(tmp_path), source_md5=md5(archive))
-    assert listing(tmp_path) == [download.ARCHIVE_NAME]
+    assert listing(tmp_path) == [archives.ARCHIVE_NAME]
 
 
 def test_malicious_batch_through_the_generator(tmp_path, make_cifar_dir):
@@ -262,7 +255,7 @@ def test_cli_corrupt_batch(tmp_path, make_cifar_dir):
 def test_cli_offline(tmp_path, closed_port_url):
     result = run_generator_cli("--data-dir", str(tmp_path / "d"), "--source-url", closed_port_url)
     assert_one_line_error(result, "offline",
-                          f"put it at {tmp_path / 'd' / download.ARCHIVE_NAME}")
+                          f"put it at {tmp_path / 'd' / archives.ARCHIVE_NAME}")
     assert not (tmp_path / "d").exists()
 
 
@@ -305,9 +298,7 @@ def test_cli_sample_reuses_same_settings_refuses_others(tmp_path, capsys):
 
 
 def test_sample_class_names_travel_from_batches_meta_to_the_metadata(tmp_path):
-    from cifar10_estimator import generate, sample_data
-
     data_dir = str(tmp_path / "data")
     assert generate.main(["--data-dir", data_dir, "--sample", "--sample-size", "10"]) == 0
-    assert cifar10.label_names(data_dir) == tuple(sample_data.SAMPLE_CLASS_NAMES)
-    assert cifar10.label_names(str(tmp_path)) == cifar10.CLASS_NAMES  # no metadata: CIFAR's
+    assert metadata.dataset_info(data_dir).class_names == tuple(sample_data.SAMPLE_CLASS_NAMES)
+    assert metadata.dataset_info(str(tmp_path)).class_names == schema.CLASS_NAMES  # no metadata: CIFAR's

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
-from cifar10_estimator import main
+from cifar10_estimator.training import flags
 from trainer_fixtures import REPO
 
 MANIFEST = os.path.join(REPO, "k8s", "tfjob.yaml")
@@ -71,7 +71,7 @@ def _container(spec: dict) -> dict:
 
 def test_every_replica_runs_the_trainer_with_flags_it_accepts(tfjob):
     specs = tfjob["spec"]["tfReplicaSpecs"]
-    parser = main.build_parser()
+    parser = flags.build_parser()
     trainer_args = None
     for name, spec in specs.items():
         container = _container(spec)

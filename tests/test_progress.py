@@ -13,20 +13,24 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import bitmap_font, cifar10, confusion_image, hooks, main, report
+from cifar10_estimator import train
+from cifar10_estimator.data import schema
+from cifar10_estimator.model import confusion_image, model_fn
+from cifar10_estimator.training import progress, report
 from trainer_fixtures import REPO, TINY_FLAGS
 
 
 def test_progress_line_says_step_total_percent_rate_and_eta():
-    line = hooks.progress_line(1200, 80_000, 650.25, 10.0, loss=0.51234, learning_rate=0.1)
+    line = progress.progress_line(1200, 80_000, 650.25, 10.0, loss=0.51234, learning_rate=0.1)
     # 78,800 steps left at 10 steps/s: 7,880 s.
     assert line == ("step 1200/80000 (1.5%), loss 0.5123, lr 0.1: 650.2 images/s, "
                     "ETA 2:11:20")
-    cluster = hooks.progress_line(50, 100, 300.0, 4.0, cluster_images_per_sec=600.0)
+    cluster = progress.progress_line(50, 100, 300.0, 4.0, cluster_images_per_sec=600.0)
     assert cluster == ("step 50/100 (50.0%): 300.0 images/s on this worker, cluster "
                        "600.0 images/s, ETA 0:00:12")  # 12.5 s rounds to 12
-    assert hooks.format_duration(2 * 86400 + 3723) == "2d 1:02:03"
-    assert hooks.progress_line(5, 5, 1.0, 0.0).endswith("ETA -")
+    assert progress.format_duration(2 * 86400 + 3723) == "2 days, 1:02:03"
+    assert progress.format_duration(86400 + 7.4) == "1 day, 0:00:07"
+    assert progress.progress_line(5, 5, 1.0, 0.0).endswith("ETA -")
 
 
 def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(caplog):
@@ -38,9 +42,11 @@ def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(capl
             trainable=False, collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
                                           tf.compat.v1.GraphKeys.GLOBAL_STEP])
         train_op = tf.compat.v1.assign_add(step, 1)
-        hook = hooks.ProgressHook(batch_size=8, total_steps=560, loss=tf.constant(0.25),
-                                  learning_rate=tf.constant(0.1), every_secs=4.0,
-                                  clock=lambda: now[0])
+        # What the model_fn names its loss and learning rate: the hook fetches them so.
+        tf.constant(0.25, name=model_fn.LOSS_TENSOR.split(":")[0])
+        tf.constant(0.1, name=model_fn.LEARNING_RATE_TENSOR.split(":")[0])
+        hook = progress.ProgressHook(batch_size=8, total_steps=560, every_secs=4.0,
+                                     clock=lambda: now[0])
         with caplog.at_level("INFO", logger="cifar10_estimator"):
             with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
                 for _ in range(40):
@@ -77,7 +83,7 @@ def _get_json(url: str):
 def watched_run(tiny_records, tmp_path_factory):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path_factory.mktemp("watched") / "job")
-    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
                        "--train-steps", "12", "--save-summary-steps", "2",
                        "--eval-throttle-secs", "100000"])
     return job_dir, result
@@ -121,12 +127,13 @@ def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run):
         with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?"
                                     + entries[-1]["query"], timeout=10) as response:
             picture = tf.io.decode_png(response.read()).numpy()
-        # The labelled picture: its size and legend are those the class names lay out.
-        plan = confusion_image.layout(cifar10.CLASS_NAMES)
-        assert picture.shape == plan.canvas.shape
-        legend = bitmap_font.render(confusion_image.LEGEND)
-        assert ((picture[:legend.shape[0], 1:1 + legend.shape[1]] == 0).all(-1)
-                == legend).all()
+        # The final evaluation's labelled picture: the renderer's, pixel for pixel, from the
+        # counts the report wrote.
+        content = json.load(open(os.path.join(job_dir, report.REPORT_FILE)))
+        expected = tf.io.decode_png(confusion_image.render_png(
+            np.array(content["confusion_matrix"], np.float32), content["class_names"]),
+            channels=3).numpy()
+        np.testing.assert_array_equal(picture, expected)
     finally:
         server.terminate()
         server.wait(10)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import resnet
+from cifar10_estimator.model import resnet
 from trainer_fixtures import REPO
 
 
@@ -44,7 +44,7 @@ _LOGITS_SCRIPT = """
 import sys
 import numpy as np
 import tensorflow as tf
-from cifar10_estimator import resnet
+from cifar10_estimator.model import resnet
 
 data_format, out_path = sys.argv[1], sys.argv[2]
 images = np.random.default_rng(0).uniform(0, 255, (3, 32, 32, 3)).astype(np.float32)

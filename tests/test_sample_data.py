@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from cifar10_estimator import batches, cifar10, sample_data
+from cifar10_estimator.data import pickles, sample_data, schema
 from cifar10_estimator.errors import UserError
 from conftest import BATCH_NAMES
 
@@ -19,7 +19,7 @@ def files(folder) -> dict[str, bytes]:
 
 def test_layout_matches_cifar10(tmp_path):
     folder = sample_data.write_sample_data(str(tmp_path), images_per_batch=20, seed=1)
-    assert folder == str(tmp_path / cifar10.BATCHES_DIRNAME)
+    assert folder == str(tmp_path / schema.BATCHES_DIRNAME)
     assert sorted(os.listdir(folder)) == sorted(
         list(BATCH_NAMES) + ["batches.meta", sample_data.MARKER_NAME])
     for index, name in enumerate(BATCH_NAMES):
@@ -28,9 +28,9 @@ def test_layout_matches_cifar10(tmp_path):
         assert raw[b"batch_label"] == (b"testing batch 1 of 1" if name == "test_batch"
                                        else f"training batch {index + 1} of 5".encode())
         assert len(raw[b"filenames"]) == 20 and raw[b"filenames"][0].endswith(b".png")
-        batch = batches.load_batch(os.path.join(folder, name))  # the generator's own loader
+        batch = pickles.load_batch(os.path.join(folder, name))  # the generator's own loader
         assert batch.data.shape == (20, 3072) and batch.data.dtype == np.uint8
-    meta = batches.load_pickle(os.path.join(folder, "batches.meta"))
+    meta = pickles.load_pickle(os.path.join(folder, "batches.meta"))
     assert meta == {b"num_cases_per_batch": 20, b"num_vis": 3072,
                     b"label_names": [n.encode() for n in sample_data.SAMPLE_CLASS_NAMES]}
     assert list(meta) == [b"num_cases_per_batch", b"label_names", b"num_vis"]
@@ -111,6 +111,6 @@ def test_refuses_bad_size_and_existing_folder(tmp_path):
         with pytest.raises(UserError, match=f"--sample-size must be between 10 and 10000 "
                                             f"images per batch, got {size}"):
             sample_data.write_sample_data(str(tmp_path), size)
-    (tmp_path / cifar10.BATCHES_DIRNAME).mkdir()
+    (tmp_path / schema.BATCHES_DIRNAME).mkdir()
     with pytest.raises(UserError, match="already exists"):
         sample_data.write_sample_data(str(tmp_path), 10)

@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, export, main, model_fn, predict
+from cifar10_estimator import train
+from cifar10_estimator.data import schema
+from cifar10_estimator.model import model_fn
+from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.serving import client, export, warmup
 from cifar10_estimator.errors import UserError
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_of
 
@@ -28,7 +32,7 @@ _SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cl
 def exported(tiny_records, tmp_path_factory) -> str:
     data_dir, _ = tiny_records
     job_dir = str(tmp_path_factory.mktemp("serving") / "job")
-    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
                        "--train-steps", "3", "--eval-throttle-secs", "100000"])
     return result.export_path
 
@@ -75,7 +79,7 @@ def test_bytes_signature_in_a_fresh_process_matches_predict_for_the_same_files(
     # predict's own path: decode in Python with the same conversion, then the images input.
     model = tf.saved_model.load(exported)
     local = model.signatures["serving_default"](
-        images=tf.stack([predict.load_image(p) for p in files]))
+        images=tf.stack([client.load_image(p) for p in files]))
     np.testing.assert_allclose(served, local["probabilities"].numpy(), rtol=1e-5, atol=1e-6)
     names = [line.strip() for line in open(os.path.join(exported, export.CLASS_NAMES_FILE))]
     assert out["serving_bytes"]["class_names"] == [names[i] for i in served.argmax(1)]
@@ -84,8 +88,8 @@ def test_bytes_signature_in_a_fresh_process_matches_predict_for_the_same_files(
 def test_every_predict_signature_names_its_top_class_and_classify_returns_names(exported):
     model = tf.saved_model.load(exported)
     rng = np.random.default_rng(1)
-    chw = rng.integers(0, 256, (3, cifar10.IMAGE_BYTES), dtype=np.uint8)
-    examples = tf.constant([cifar10.encode_example(row.tobytes(), 1) for row in chw])
+    chw = rng.integers(0, 256, (3, schema.IMAGE_BYTES), dtype=np.uint8)
+    examples = tf.constant([schema.encode_example(row.tobytes(), 1) for row in chw])
     hwc = chw.reshape(3, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
     by_images = model.signatures["serving_default"](images=tf.constant(hwc))
     by_examples = model.signatures["serving_examples"](examples=examples)
@@ -93,9 +97,9 @@ def test_every_predict_signature_names_its_top_class_and_classify_returns_names(
                                rtol=1e-5, atol=1e-6)
     assert by_images["class_names"].dtype == tf.string
     assert by_images["class_names"].numpy().tolist() == [
-        cifar10.CLASS_NAMES[i].encode() for i in by_images["classes"].numpy()]
+        schema.CLASS_NAMES[i].encode() for i in by_images["classes"].numpy()]
     classified = model.signatures["classify"](inputs=examples)
-    assert classified["classes"].numpy()[0].tolist() == [n.encode() for n in cifar10.CLASS_NAMES]
+    assert classified["classes"].numpy()[0].tolist() == [n.encode() for n in schema.CLASS_NAMES]
     np.testing.assert_allclose(classified["scores"], by_examples["probabilities"], rtol=1e-5)
 
 
@@ -114,7 +118,7 @@ def test_a_session_runs_every_signature_by_tensor_names_as_tf_serving_does(expor
     """TF Serving's C++ loader restores the MetaGraph into a Session and runs each signature
     by its tensor names; ``tf.compat.v1.saved_model.load`` does the same from Python."""
     png = tf.io.encode_png(np.full((9, 13, 3), 200, np.uint8)).numpy()
-    record = cifar10.encode_example(bytes(cifar10.IMAGE_BYTES), 0)
+    record = schema.encode_example(bytes(schema.IMAGE_BYTES), 0)
     feeds = {"serving_default": {"images": np.zeros((2, 32, 32, 3), np.float32)},
              "serving_bytes": {"image_bytes": [png, png]},
              "serving_examples": {"examples": [record, record]},
@@ -156,8 +160,8 @@ def test_a_checkpoint_of_another_depth_is_refused_and_nothing_is_written(
     checkpoint = checkpoint_of(trained, tmp_path)
     out = tmp_path / "export"
     with pytest.raises(UserError, match="--num-layers and --resnet-version") as error:
-        export.export_saved_model(model_fn.ModelSettings(num_layers=asked), checkpoint,
-                                  str(out))
+        export.export_saved_model(model_fn.ModelSettings(ModelParams(num_layers=asked)),
+                                  checkpoint, str(out))
     assert ("weights this model does not use" if trained > asked else "lacks it") in str(
         error.value)
     assert not out.exists() or not os.listdir(out)
@@ -209,7 +213,7 @@ def test_bad_bytes_are_a_clear_error_of_the_request_and_the_model_serves_on(expo
 def test_the_warmup_file_parses_with_serving_protos_and_every_request_runs(exported):
     from tensorflow_serving.apis import prediction_log_pb2
 
-    path = os.path.join(exported, export.WARMUP_FILE)
+    path = os.path.join(exported, warmup.WARMUP_FILE)
     logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy())
             for r in tf.data.TFRecordDataset(path)]
     model = tf.saved_model.load(exported)
@@ -237,10 +241,12 @@ sys.modules["tensorflow_serving"] = None  # as if the optional package were not 
 import logging, os
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 import tensorflow as tf
-from cifar10_estimator import export, model_fn
+from cifar10_estimator.model import model_fn
+from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.serving import export, warmup
 ckpt, out = sys.argv[1], sys.argv[2]
-path = export.export_saved_model(model_fn.ModelSettings(num_layers=8), ckpt, out)
-print("WARMUP", os.path.exists(os.path.join(path, export.WARMUP_FILE)))
+path = export.export_saved_model(model_fn.ModelSettings(ModelParams(num_layers=8)), ckpt, out)
+print("WARMUP", os.path.exists(os.path.join(path, warmup.WARMUP_FILE)))
 """
 
 

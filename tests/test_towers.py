@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from cifar10_estimator import model_fn as model_fn_lib
-from cifar10_estimator import towers
+from cifar10_estimator.model import model_fn, towers
+from cifar10_estimator.model.params import ModelParams
 
 
 def test_tower_devices():
@@ -50,21 +50,22 @@ def test_averaged_gradient_of_two_cpu_towers_equals_mean_of_per_shard_gradients(
     rng = np.random.default_rng(1)
     images = rng.uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
-    settings = model_fn_lib.ModelSettings(num_layers=8, devices=("/cpu:0", "/cpu:1"),
-                                          learning_rate=0.1, momentum=0.9, steps_per_epoch=10)
+    settings = model_fn.ModelSettings(
+        ModelParams(num_layers=8, learning_rate=0.1, momentum=0.9),
+        devices=("/cpu:0", "/cpu:1"), steps_per_epoch=10)
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
     with tf.Graph().as_default() as graph:
         tf.compat.v1.set_random_seed(0)
-        spec = model_fn_lib.make_model_fn(settings)(
+        spec = model_fn.make_model_fn(settings)(
             {"image": tf.constant(images)}, tf.constant(labels), tf.estimator.ModeKeys.TRAIN)
         params = tf.compat.v1.trainable_variables()
         # Reference: the same network, one shard at a time, with the same variables.
         reference = []
         for lo, hi in ((0, 4), (4, 8)):
             with tf.compat.v1.variable_scope("resnet", reuse=True):
-                _, xent, l2 = model_fn_lib._tower(tf.constant(images[lo:hi]),
-                                                  tf.constant(labels[lo:hi]), True, settings,
-                                                  settings.batch_norm_decay)
+                _, xent, l2 = model_fn._tower(tf.constant(images[lo:hi]),
+                                              tf.constant(labels[lo:hi]), True, settings,
+                                              settings.params.batch_norm_decay)
             reference.append(tf.gradients(tf.reduce_mean(xent) + l2, params))
         tower1_ops = [op for op in graph.get_operations() if op.name.startswith("resnet_1/tower_1/")
                       and op.type == "Conv2D"]

@@ -11,8 +11,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, main, train
-from cifar10_estimator.config import TrainConfig
+from cifar10_estimator import train
+from cifar10_estimator.data import schema
+from cifar10_estimator.training import driver
+from cifar10_estimator.training.config import TrainConfig
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
 
 _SERVE_SCRIPT = """
@@ -32,7 +34,7 @@ np.savez(sys.argv[4], p_images=a["probabilities"].numpy(), c_images=a["classes"]
 def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_path):
     data_dir, rows = tiny_records
     job_dir = str(tmp_path / "job")
-    result = main.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
                        "--num-cpu-towers", "2", "--train-steps", "12",
                        "--save-checkpoints-steps", "6", "--eval-throttle-secs", "1",
                        "--seed", "3", "--batch-norm-decay", "0.5"])
@@ -41,7 +43,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
     assert os.path.isfile(os.path.join(result.export_path, "saved_model.pb"))
     with open(os.path.join(result.export_path, "assets.extra", "class_names.txt")) as f:
-        assert tuple(f.read().split()) == cifar10.CLASS_NAMES  # records without metadata
+        assert tuple(f.read().split()) == schema.CLASS_NAMES  # records without metadata
     assert os.listdir(os.path.dirname(result.export_path)) == [
         os.path.basename(result.export_path)]  # no temporary folders left behind
 
@@ -50,15 +52,15 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     images = images_chw[:6].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
-    settings = train.model_settings(config, 1, True, 96)
-    from cifar10_estimator.model_fn import make_model_fn
+    settings = driver.model_settings(config, 1, True, 96, schema.CLASS_NAMES)
+    from cifar10_estimator.model.model_fn import make_model_fn
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
     expected = np.stack([p["probabilities"] for p in estimator.predict(
         lambda: tf.data.Dataset.from_tensor_slices({"image": images}).batch(6))])
 
     # ...equal the SavedModel's, loaded in a fresh process, through both signatures.
     np.save(tmp_path / "images.npy", images)
-    examples = [cifar10.encode_example(r.tobytes(), 0).decode("latin1") for r in images_chw[:6]]
+    examples = [schema.encode_example(r.tobytes(), 0).decode("latin1") for r in images_chw[:6]]
     (tmp_path / "examples.json").write_text(json.dumps(examples))
     subprocess.run([sys.executable, "-c", _SERVE_SCRIPT, result.export_path,
                     str(tmp_path / "images.npy"), str(tmp_path / "examples.json"),
@@ -88,7 +90,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(rf"{re.escape(str(png))}: (\w+ \d+\.\d%, ){{2}}\w+ \d+\.\d%\n",
                         proc.stdout)
-    assert proc.stdout.split(": ")[1].split()[0] in cifar10.CLASS_NAMES
+    assert proc.stdout.split(": ")[1].split()[0] in schema.CLASS_NAMES
 
 
 def test_rerunning_after_a_killed_run_resumes_from_the_last_checkpoint(tiny_records, tmp_path):

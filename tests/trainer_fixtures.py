@@ -1,15 +1,18 @@
 """Fixtures for the trainer's tests: tiny record sets in the real schema, tiny configs."""
 
 import os
+import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import cifar10, resnet
-from cifar10_estimator.evaluator import checkpoint_step  # noqa: F401  (for the tests)
+from cifar10_estimator.data import schema
+from cifar10_estimator.model import resnet
+from cifar10_estimator.model.checkpoints import checkpoint_step  # noqa: F401  (for the tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ResNet-8, batch 8: the smallest network with every kind of block (stride and channel
@@ -20,7 +23,7 @@ TINY_FLAGS = ["--num-layers", "8", "--train-batch-size", "8", "--eval-batch-size
 def learnable_images(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """CHW uint8 rows whose brightness encodes the label (a network learns it in a few steps)."""
     base = (labels[:, None] * 24 + 8).astype(np.int32)
-    noise = rng.integers(-8, 9, size=(len(labels), cifar10.IMAGE_BYTES))
+    noise = rng.integers(-8, 9, size=(len(labels), schema.IMAGE_BYTES))
     return np.clip(base + noise, 0, 255).astype(np.uint8)
 
 
@@ -32,12 +35,12 @@ def write_records(data_dir: str, sizes: dict, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     rows = {}
     for split, n in sizes.items():
-        labels = np.arange(n) % cifar10.NUM_CLASSES
+        labels = np.arange(n) % schema.NUM_CLASSES
         rng.shuffle(labels)
         images = learnable_images(labels, rng)
-        with tf.io.TFRecordWriter(cifar10.record_path(data_dir, split)) as writer:
+        with tf.io.TFRecordWriter(schema.record_path(data_dir, split)) as writer:
             for image, label in zip(images, labels):
-                writer.write(cifar10.encode_example(image.tobytes(), int(label)))
+                writer.write(schema.encode_example(image.tobytes(), int(label)))
         rows[split] = (images, labels)
     return rows
 
@@ -72,3 +75,14 @@ def checkpoint_of(num_layers: int, folder, name: str = "model.ckpt") -> str:
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             return tf.compat.v1.train.Saver().save(sess, os.path.join(str(folder), name))
+
+
+def bomb_png(width: int, height: int) -> bytes:
+    """A small, well-formed PNG whose header promises ``width`` x ``height`` pixels: the start of
+    a decompression bomb (its image data is a few bytes of zeros)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body)))
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))

@@ -1,0 +1,229 @@
+"""CIFAR-10's python batch files: a safe, validating reader and a Python-2-style writer.
+
+The batches (``data_batch_1`` .. ``data_batch_5``, ``test_batch``, ``batches.meta``) are pickles
+written by Python 2's ``cPickle`` at protocol 2 (https://www.cs.toronto.edu/~kriz/cifar.html).
+A pickle can name any importable callable, so loading an untrusted one with ``pickle.load`` can
+run code. ``load_batch`` therefore uses an unpickler whose ``find_class`` admits only the few
+names a numpy array needs, and then checks that the content is what a CIFAR batch holds.
+
+``dumps_py2`` writes pickles with the opcodes Python 2's ``cPickle`` used, so the built-in sample
+data (``sample_data``) travels exactly the loader path real CIFAR-10 files do.
+"""
+
+
+import io
+import os
+import pickle
+import struct
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from cifar10_estimator.data import schema
+from cifar10_estimator.errors import UserError
+
+IMAGE_BYTES = schema.IMAGE_BYTES
+NUM_CLASSES = schema.NUM_CLASSES
+# A real batch file is 31 MB (10,000 images); refuse anything absurd before reading it into
+# memory. Reading the whole file first also means a forged length field inside the pickle can
+# only ever hit "truncated", never make the reader allocate gigabytes.
+MAX_BATCH_FILE_BYTES = 1 << 30
+
+
+class Batch(NamedTuple):
+    """One validated batch: ``data`` uint8 (N, 3072) in CIFAR's CHW byte order, ``labels`` (N,)."""
+
+    data: np.ndarray
+    labels: np.ndarray  # int64, values in 0..9
+
+
+def _latin1_encode(text: Any, encoding: Any = "latin1") -> bytes:
+    """The one use of ``_codecs.encode`` a batch can need (see ``_RestrictedUnpickler``)."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("_codecs.encode is admitted only as str.encode('latin1')")
+    return text.encode("latin-1")
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that can rebuild dicts, lists, strings, numbers and numpy arrays, nothing else.
+
+    Containers, strings and numbers need no ``find_class`` at all; a numpy array pickles as
+    ``_reconstruct(ndarray, (0,), b'b')`` plus ``__setstate__`` with a ``dtype`` (protocols
+    0-4, and every real CIFAR-10 file). Names are mapped to the objects of the numpy installed
+    here, so a pickle never causes an import.
+    """
+
+    _reconstruct = np.core.multiarray._reconstruct
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+        # numpy >= 2 writes its private package under its new name.
+        ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        # Protocol 5 (pickle.HIGHEST_PROTOCOL) rebuilds an array as _frombuffer(buffer, dtype,
+        # shape, order), i.e. np.frombuffer(...).reshape(...): data only, no other effect.
+        ("numpy.core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
+        ("numpy._core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
+        # Python 3 at protocol 2 has no opcode for bytes and writes them as
+        # _codecs.encode(<latin-1 str>, 'latin1'); the array data of a batch re-saved that way
+        # (e.g. by a Python 3 conversion script) needs it. The real files, from Python 2, never
+        # do. Only the latin-1 form is admitted: other codecs (zlib, bz2, ...) are not needed
+        # and could be used as decompression bombs.
+        ("_codecs", "encode"): _latin1_encode,
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return self.ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(
+                f"refused to load {module}.{name}: a CIFAR batch holds only numpy arrays, "
+                "lists, strings and numbers") from None
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        size = os.path.getsize(path)
+        if os.path.isdir(path):
+            raise IsADirectoryError
+        if size > MAX_BATCH_FILE_BYTES:
+            raise UserError(f"{path} is {size:,} bytes, far larger than a CIFAR batch "
+                            f"(31 MB); it is not a batch file")
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: the CIFAR batch folder is incomplete; delete it "
+                        "so that it is extracted again from the archive") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a CIFAR batch file; replace the folder "
+                        "with the genuine extracted batches") from None
+    except PermissionError:
+        raise UserError(f"{path} cannot be read (permission denied)") from None
+
+
+def load_pickle(path: str) -> Any:
+    """Unpickles a CIFAR-10 python file safely (restricted unpickler, ``encoding='bytes'``).
+
+    Python 2 ``str`` values, i.e. all keys and names in the real files, come back as ``bytes``.
+    Any failure is a one-line ``UserError`` naming the file.
+    """
+    raw = _read_file(path)
+    if not raw:
+        raise UserError(f"{path} is empty; the CIFAR batches are damaged, extract them again")
+    try:
+        obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except pickle.UnpicklingError as e:
+        message = str(e)
+        if "truncated" in message:
+            message = "the file is truncated"
+        raise UserError(f"{path} is not a valid CIFAR batch ({message})") from None
+    except EOFError:
+        raise UserError(f"{path} is not a valid CIFAR batch (the file is truncated)") from None
+    except Exception as e:  # noqa: BLE001 - anything a malformed data file provokes is its fault
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise UserError(f"{path} is not a valid CIFAR batch (the pickle is malformed: "
+                        f"{type(e).__name__}: {detail})") from None
+    return obj
+
+
+def _get(mapping: dict, key: str) -> Any:
+    # Python 2 wrote str keys, which encoding='bytes' returns as bytes; accept text keys too
+    # (a file re-saved by Python 3).
+    if key.encode() in mapping:
+        return mapping[key.encode()]
+    if key in mapping:
+        return mapping[key]
+    raise KeyError(key)
+
+
+def validate_batch(obj: Any, path: str, label_key: str = "labels",
+                   num_classes: int = NUM_CLASSES) -> Batch:
+    """Checks that ``obj`` (from ``path``) is a CIFAR batch and returns its images and labels.
+
+    ``label_key`` names the labels (CIFAR-100: ``fine_labels`` or ``coarse_labels``), which must
+    lie in 0..``num_classes``-1.
+    """
+    where = f"{path} is not a valid CIFAR batch"
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a dict, found {type(obj).__name__}")
+    try:
+        data = _get(obj, "data")
+        labels = _get(obj, label_key)
+    except KeyError as e:
+        raise UserError(f"{where}: it has no '{e.args[0]}' entry") from None
+    if not isinstance(data, np.ndarray):
+        raise UserError(f"{where}: 'data' is a {type(data).__name__}, expected a numpy array")
+    if data.dtype != np.uint8:
+        raise UserError(f"{where}: 'data' has dtype {data.dtype}, expected uint8")
+    if data.ndim != 2 or data.shape[1] != IMAGE_BYTES or data.shape[0] == 0:
+        raise UserError(f"{where}: 'data' has shape {data.shape}, expected (N, {IMAGE_BYTES}) "
+                        "with N >= 1")
+    if not isinstance(labels, (list, tuple)):
+        raise UserError(f"{where}: '{label_key}' is a {type(labels).__name__}, expected a list")
+    if len(labels) != data.shape[0]:
+        raise UserError(f"{where}: {len(labels)} labels for {data.shape[0]} images")
+    for i, label in enumerate(labels):
+        # bool is an int subclass but never a class id.
+        if not isinstance(label, int) or isinstance(label, bool):
+            raise UserError(f"{where}: label {i} is {label!r}, expected an int in "
+                            f"0..{num_classes - 1}")
+        if not 0 <= label < num_classes:
+            raise UserError(f"{where}: label {i} is {label}, outside 0..{num_classes - 1}")
+    return Batch(np.ascontiguousarray(data), np.asarray(labels, dtype=np.int64))
+
+
+def load_batch(path: str) -> Batch:
+    """Loads and validates one CIFAR-10 python batch file (``data_batch_N`` or ``test_batch``)."""
+    return validate_batch(load_pickle(path), path)
+
+
+# --- Writer: pickles with the opcodes Python 2 wrote --------------------------------------------
+
+class _Py2StylePickler(pickle._Pickler):
+    """Protocol 2, with ``str`` and ``bytes`` written as Python 2 ``str`` (a byte string).
+
+    Python 3's pickler already writes protocol 2 with the opcodes Python 2 used, except for
+    text (BINUNICODE) and bytes (``_codecs.encode`` at protocol 2); a CIFAR file has only byte
+    strings (SHORT_BINSTRING / BINSTRING), which ``encoding='bytes'`` reads back as ``bytes``.
+    """
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_byte_string(self, obj: str | bytes) -> None:
+        data = obj if isinstance(obj, bytes) else obj.encode("ascii")  # Python 2 str: ASCII
+        if len(data) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(data)) + data)
+        self.memoize(obj)
+
+    dispatch[str] = dispatch[bytes] = _save_byte_string
+
+
+def dumps_py2(obj: Any) -> bytes:
+    """Pickles dicts, lists, str/bytes, numbers and numpy arrays with Python 2's opcodes.
+
+    As in the real CIFAR files: protocol 2, text and bytes as byte strings, arrays through
+    ``numpy.core.multiarray._reconstruct``, no ``_codecs.encode``. ``str`` must be ASCII.
+    """
+    buffer = io.BytesIO()
+    _Py2StylePickler(buffer, protocol=2).dump(obj)
+    return buffer.getvalue()
+
+
+def load_label_names(path: str, key: str = "label_names",
+                     num_classes: int = NUM_CLASSES) -> tuple[str, ...] | None:
+    """The class names of a meta file (``batches.meta``, CIFAR-100's ``meta``), or None.
+
+    The names only label predictions, so a missing or odd meta file is not an error; it is
+    unpickled with the same restricted unpickler as the batches all the same.
+    """
+    if not os.path.isfile(path):
+        return None
+    meta = load_pickle(path)
+    names = meta.get(key.encode()) if isinstance(meta, dict) else None
+    if (not isinstance(names, list) or len(names) != num_classes
+            or not all(isinstance(n, (bytes, str)) for n in names)):
+        return None
+    return tuple(n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names)
+

@@ -1,0 +1,159 @@
+"""The input pipeline: TFRecords to batches of images and labels with ``tf.data``.
+
+``Cifar10DataSet(data_dir, subset, use_distortion).make_batch(batch_size)`` returns a dataset of
+``({'image': float32 [B, 32, 32, 3] in 0..255}, int32 labels [B])``. It emits whole batches of a
+static size and knows nothing about towers; ``towers.split_batch`` shards them.
+
+Training: shuffle, repeat, batch, then parse and augment whole batches at once (one
+``parse_example`` and a handful of vectorised ops per batch instead of per image, so no Python
+and little per-element overhead runs in the hot path), then prefetch. Augmentation is the
+tutorial's (He et al. 2015, section 4.2): pad 4 pixels of zeros to 40x40, crop a random 32x32
+window and flip left-right with probability 1/2, independently per image.
+
+Evaluation: one ordered pass over the file in which every record counts exactly once. The last
+batch is padded to full size with zero images whose ``weight`` feature is 0, so metrics that use
+the weights ignore the padding and towers always get equal shards.
+"""
+
+import random
+
+import tensorflow as tf
+
+from cifar10_estimator.data import metadata, schema
+
+PAD = 4  # pixels of zero padding before the random crop (He et al. 2015, section 4.2)
+IN_FLIGHT_BATCHES = 2  # batches parsed (and augmented) ahead of the step, training and eval
+
+
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Switches tf.data's autotuning off for a pipeline whose parallelism is fixed.
+
+    With autotuning on, every iterator starts a model thread (``Model::OptimizeLoop``) that
+    sleeps on a timer doubling up to 60 s; in TF 2.15 the iterator's destruction can signal it
+    before the cancellation is marked (a lost wake-up), and ``Session.close`` then waits out
+    the rest of the period: 10-60 s between the end of training and the export, in some runs,
+    growing with training time. These pipelines set no AUTOTUNE value, so the thread has
+    nothing to tune; without it the close is immediate (benchmarks/end_of_training_bench.py).
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Parses a [B] batch of serialized Examples to uint8 HWC images [B,32,32,3] and int32 labels."""
+    parsed = tf.io.parse_example(serialized, schema.FEATURE_SPEC)
+    return schema.decode_images(parsed["image"]), tf.cast(parsed["label"], tf.int32)
+
+
+def distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """Pads, randomly crops and randomly flips each image of a [B,32,32,C] batch.
+
+    Args:
+      images: the batch, any dtype.
+      seed: int64 [2], the stateless random seed of this batch; the same seed gives the same
+        crops and flips.
+
+    The crop offsets and the flip are drawn per image; both are one gather per axis on the
+    padded batch, so no per-image work is scheduled.
+    """
+    batch = tf.shape(images)[0]
+    padded = tf.pad(images, [[0, 0], [PAD, PAD], [PAD, PAD], [0, 0]])
+    offsets = tf.random.stateless_uniform([batch, 2], seed=seed, maxval=2 * PAD + 1,
+                                          dtype=tf.int32)  # 0..8 inclusive
+    flips = tf.random.stateless_uniform([batch], seed=seed + [0, 1 << 32]) < 0.5
+    steps = tf.range(schema.HEIGHT)[None, :]
+    rows = offsets[:, :1] + steps
+    # A flipped image reads its window's columns right to left.
+    cols = offsets[:, 1:] + tf.where(flips[:, None], schema.WIDTH - 1 - steps, steps)
+    cropped = tf.gather(padded, rows, axis=1, batch_dims=1)
+    return tf.gather(cropped, cols, axis=2, batch_dims=1)
+
+
+class Cifar10DataSet:
+    """One split of the CIFAR-10 TFRecords."""
+
+    def __init__(self, data_dir: str, subset: str = "train", use_distortion: bool = True):
+        """
+        Args:
+          data_dir: folder with ``<subset>.tfrecords``.
+          subset: 'train', 'validation' or 'eval'.
+          use_distortion: pad/crop/flip; applies to 'train' only.
+
+        Raises:
+          UserError: the record file is missing.
+        """
+        if subset not in schema.SPLITS:
+            raise ValueError(f"Invalid data subset {subset!r}; expected one of "
+                             f"{sorted(schema.SPLITS)}")
+        self.data_dir = data_dir
+        self.subset = subset
+        self.use_distortion = use_distortion and subset == "train"
+        self.path = metadata.existing_record_path(data_dir, subset)
+
+    def num_examples(self) -> int:
+        """Records in the file (from the generator's metadata, else counted)."""
+        return metadata.split_size(self.data_dir, self.subset)
+
+    def make_batch(self, batch_size: int, *, seed: int | None = None,
+                   shuffle_buffer: int | None = None) -> tf.data.Dataset:
+        """The dataset of batches for this subset.
+
+        Training subsets repeat forever in shuffled order; other subsets make one ordered pass,
+        padded as described in the module docstring (features then include ``weight``).
+
+        Args:
+          batch_size: examples per batch (the whole worker's batch, before tower sharding).
+          seed: makes shuffling and augmentation repeatable.
+          shuffle_buffer: records in the shuffle buffer; default the whole file, so every
+            epoch is a uniform permutation.
+        """
+        # Several reader threads: records are small, so one reader is latency-bound.
+        records = tf.data.TFRecordDataset(self.path, buffer_size=8 << 20)
+        if self.subset == "train":
+            return self._training_batches(records, batch_size, seed, shuffle_buffer)
+        return self._evaluation_batches(records, batch_size)
+
+    def _training_batches(self, records, batch_size, seed, shuffle_buffer):
+        buffer = shuffle_buffer or max(self.num_examples(), 1)
+        # Shuffle before repeat so each epoch sees every record once; reshuffled per epoch.
+        records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+        # drop_remainder gives a static batch size, which the tower split needs.
+        batches = records.batch(batch_size, drop_remainder=True)
+        distort = self.use_distortion
+        # Each batch's augmentation seed is (base seed, batch index): repeatable for a given
+        # seed whatever order the parallel map runs in.
+        base_seed = seed if seed is not None else random.SystemRandom().randrange(1 << 62)
+
+        def parse(index, serialized):
+            images, labels = parse_batch(serialized)
+            if distort:
+                images = distort_batch(images, tf.stack([tf.constant(base_seed, tf.int64),
+                                                         index]))
+            return {"image": tf.cast(images, tf.float32)}, labels
+
+        # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone
+        # makes ~75,000 images/s on 2 cores, the step consumes ~1,000 (benchmarks/).
+        return without_autotuning(
+            batches.enumerate().map(parse, num_parallel_calls=IN_FLIGHT_BATCHES,
+                                    deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES))
+
+    def _evaluation_batches(self, records, batch_size):
+        def parse(serialized):
+            images, labels = parse_batch(serialized)
+            real = tf.shape(labels)[0]
+            missing = batch_size - real
+            images = tf.pad(images, [[0, missing], [0, 0], [0, 0], [0, 0]])
+            labels = tf.pad(labels, [[0, missing]])
+            weight = tf.concat([tf.ones([real]), tf.zeros([missing])], axis=0)
+            images = tf.ensure_shape(images, [batch_size, schema.HEIGHT, schema.WIDTH,
+                                              schema.CHANNELS])
+            return ({"image": tf.cast(images, tf.float32),
+                     "weight": tf.ensure_shape(weight, [batch_size])},
+                    tf.ensure_shape(labels, [batch_size]))
+
+        # Whole batches are parsed by one vectorised map, so two in flight keep the eval step
+        # fed as they do the training step (benchmarks/input_pipeline_bench.py --subset eval).
+        return without_autotuning(
+            records.batch(batch_size).map(parse, num_parallel_calls=IN_FLIGHT_BATCHES)
+            .prefetch(IN_FLIGHT_BATCHES))

@@ -1,0 +1,114 @@
+"""Writing a ``Source`` as TFRecords: the split files and their metadata, all or nothing.
+
+Every batch is loaded and validated before anything is written (``sources``); then all split
+files are written under temporary names and renamed only once all are complete, so an error or
+an interruption leaves the previous outputs (if any) untouched and no new final-named file. If
+a rename itself fails part-way, the files already renamed by this run are removed again. The
+metadata file (``metadata.write_metadata``) is written last, with each file's size and SHA-256.
+"""
+
+import contextlib
+import os
+import time
+from typing import Callable, Iterator, Sequence, TextIO
+
+from cifar10_estimator import fsutil
+from cifar10_estimator.data import metadata, schema
+from cifar10_estimator.data.sources import Source, load_source
+from cifar10_estimator.errors import UserError
+
+
+@contextlib.contextmanager
+def _all_or_nothing(final_paths: Sequence[str]) -> Iterator[list[str]]:
+    """Temporary paths for ``final_paths``, all renamed into place only if the block succeeds."""
+    renamed: list[str] = []
+
+    def note_renamed(path: str) -> Callable[..., None]:
+        def exit_(exc_type: object, exc: object, tb: object) -> None:
+            if exc_type is None:
+                renamed.append(path)
+        return exit_
+
+    try:
+        with contextlib.ExitStack() as stack:
+            temps = []
+            for path in final_paths:
+                # Pushed before its atomic_path, so it runs just after that one's rename.
+                stack.push(note_renamed(path))
+                temps.append(stack.enter_context(fsutil.atomic_path(path)))
+            yield temps
+    except BaseException:
+        # Non-empty only if a rename failed part-way: take back what this run put in place.
+        for path in renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        raise
+
+
+def write_tfrecords(source: Source, output_dir: str,
+                    log: Callable[[str], None] | None = None) -> dict[str, int]:
+    """Writes the splits of ``source`` as TFRecords plus the metadata file, all or nothing."""
+    import tensorflow as tf
+
+    log = log or print
+    if os.path.lexists(output_dir) and not os.path.isdir(output_dir):
+        raise UserError(f"--output-dir {output_dir} exists and is not a folder")
+    os.makedirs(output_dir, exist_ok=True)
+    splits = list(source.splits)
+    finals = [schema.record_path(output_dir, split) for split in splits]
+    for path in finals:
+        if os.path.isdir(path):
+            raise UserError(f"{path} is a folder; remove it so that the records can be written")
+    facts: dict[str, metadata.SplitFacts] = {}
+    with _all_or_nothing(finals) as temps:
+        for split, final, tmp in zip(splits, finals, temps):
+            log(f"Generating {final}")
+            count = 0
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for batch in source.splits[split]:
+                    for image, label in zip(batch.data, batch.labels.tolist()):
+                        writer.write(schema.encode_example(image.tobytes(), label))
+                    count += len(batch.labels)
+            # Size and SHA-256 of what was written, for the trainer's check before training.
+            facts[split] = metadata.file_facts(tmp, count)
+            log(f"  {split}: {count:,} records")
+    # A split this source does not have (an image folder without validation/) must not leave
+    # an older run's file beside metadata that no longer describes it.
+    for split in schema.SPLITS:
+        stale = schema.record_path(output_dir, split)
+        if split not in facts and os.path.isfile(stale):
+            os.remove(stale)
+    metadata.write_metadata(output_dir, facts, source.description, source.label_names,
+                           source.dataset)
+    return {split: f.records for split, f in facts.items()}
+
+
+def generate_tfrecords(data_dir: str, output_dir: str | None = None,
+                       source_url: str | None = None, source_md5: str | None = None,
+                       log: Callable[[str], None] | None = None,
+                       progress: TextIO | None = None,
+                       timeout: float = 60.0, dataset: str = "cifar10",
+                       label_mode: str = "fine") -> dict[str, int]:
+    """Converts CIFAR-10's python batches under ``data_dir`` to TFRecords; returns the counts.
+
+    Source, in order: ``data_dir/cifar-10-batches-py/``; else ``data_dir/cifar-10-python.tar.gz``
+    (its MD5 must be ``source_md5``), extracted safely; else the archive downloaded from
+    ``source_url`` (MD5-checked, kept in ``data_dir``). Writes ``train``, ``validation`` and
+    ``eval.tfrecords`` (see ``schema.SPLITS``) and the metadata file to ``output_dir``
+    (default ``data_dir``). ``log`` receives progress lines (default: ``print``); download
+    progress goes to ``progress`` (default ``sys.stderr``); ``timeout`` bounds network waits.
+    """
+    log = log or print
+    start = time.monotonic()
+    source = load_source(data_dir, source_url, source_md5, log, progress, timeout, dataset,
+                         label_mode)
+    output_dir = output_dir or data_dir
+    counts = write_tfrecords(source, output_dir, log)
+    log(summary(counts, output_dir, source.description, time.monotonic() - start))
+    return counts
+
+
+def summary(counts: dict[str, int], output_dir: str, description: str, seconds: float) -> str:
+    return (f"Done: {sum(counts.values()):,} records ("
+            + ", ".join(f"{split} {n:,}" for split, n in counts.items())
+            + f") in {os.path.abspath(output_dir)} from {description}, {seconds:.1f} s")

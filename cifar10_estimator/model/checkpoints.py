@@ -1,0 +1,45 @@
+"""What a checkpoint of this model is: its global step, whether it still exists, its network.
+
+Checkpoints are TensorFlow's (``model.ckpt-<step>.index`` and data files, listed in the job
+dir's ``checkpoint`` file). The network is read from the variable names ResNet's builder gives
+(``resnet/stage1/block<i>/...``, ``resnet/final_bn`` for version 2, ``resnet/dense/bias``), so
+this also works on job dirs this package did not write.
+"""
+
+import re
+from typing import Optional
+
+import tensorflow as tf
+
+from cifar10_estimator.data import schema
+from cifar10_estimator.model.params import depth
+
+_BLOCK = re.compile(r"^resnet/stage(\d)/block(\d+)/")
+
+
+def checkpoint_step(checkpoint_path: str) -> int:
+    """The global step in a checkpoint path (``.../model.ckpt-1200`` -> 1200)."""
+    return int(checkpoint_path.rsplit("-", 1)[1])
+
+
+def latest_step(job_dir: str) -> int:
+    """The global step of the latest checkpoint in ``job_dir``; 0 if there is none."""
+    latest = tf.train.latest_checkpoint(job_dir)
+    return checkpoint_step(latest) if latest else 0
+
+
+def checkpoint_gone(checkpoint_path: str) -> bool:
+    """True once a checkpoint's files are deleted (as ``--keep-checkpoint-max`` does)."""
+    return not tf.io.gfile.glob(checkpoint_path + ".index")
+
+
+def checkpoint_model(checkpoint_path: str) -> Optional[tuple[int, int, int]]:
+    """(depth, version, classes) of the ResNet in a checkpoint, from its variables; None if
+    it holds no CIFAR ResNet. Raises ``tf.errors.OpError`` if it cannot be read."""
+    shapes = dict(tf.train.list_variables(checkpoint_path))
+    blocks = {int(m.group(2)) for m in map(_BLOCK.match, shapes) if m and m.group(1) == "1"}
+    if not blocks:
+        return None
+    version = 2 if "resnet/final_bn/gamma" in shapes else 1
+    classes = shapes.get("resnet/dense/bias", [schema.NUM_CLASSES])[0]
+    return depth(max(blocks) + 1), version, classes

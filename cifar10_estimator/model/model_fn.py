@@ -1,0 +1,192 @@
+"""The Estimator ``model_fn``: towers, loss, optimizer and one update; predictions; metrics.
+
+``make_model_fn(ModelSettings(...))`` returns a ``model_fn(features, labels, mode)``. It reads
+top down by mode: the towers build logits (and, with labels, each tower's loss and gradients);
+PREDICT returns the predictions; EVAL adds the metrics (``metrics``); TRAIN averages the towers'
+gradients and applies one momentum update, through ``SyncReplicasOptimizer`` with ``sync``.
+
+The loss and the learning rate get fixed names (``LOSS_TENSOR``, ``LEARNING_RATE_TENSOR``) so
+that hooks outside the model (the trainer's progress lines) can fetch them.
+"""
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import tensorflow as tf
+
+from cifar10_estimator.model import metrics, resnet, schedules, sync_replicas, towers
+from cifar10_estimator.model.params import ModelParams
+
+log = logging.getLogger("cifar10_estimator")
+
+PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+# Marks the check_numerics failure of a NaN or infinite loss (see training.guards).
+NAN_LOSS_MESSAGE = "training loss is NaN or infinite"
+# Tensors are named *_value so that the summaries (and Estimator's own "loss") get the plain
+# tags: an op named "loss" would turn the summary's tag into "loss_1".
+LOSS_TENSOR = "loss_value:0"
+LEARNING_RATE_TENSOR = "learning_rate_value:0"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The user's hyperparameters plus what the driver resolved for this task and machine."""
+
+    params: ModelParams = ModelParams()
+    data_format: str = "channels_last"
+    # Global steps per epoch = train records // (worker batch x workers); drives the schedule.
+    steps_per_epoch: int = 1
+    devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
+    num_workers: int = 1
+    is_chief: bool = True
+    compute_dtype: str = "float32"
+    # Names of the classes in label order; their count is the width of the logits.
+    class_names: Sequence[str] = tuple(f"class_{i}" for i in range(10))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+@dataclasses.dataclass
+class _Towers:
+    """What the towers built: logits always; with labels, losses and gradients."""
+
+    logits: list = dataclasses.field(default_factory=list)
+    cross_entropy: list = dataclasses.field(default_factory=list)
+    weight_decay: list = dataclasses.field(default_factory=list)
+    losses: list = dataclasses.field(default_factory=list)
+    grads: list = dataclasses.field(default_factory=list)
+    update_ops: list = dataclasses.field(default_factory=list)
+
+
+def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
+    """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
+    p = s.params
+    logits = resnet.resnet_cifar(
+        images, is_training=is_training, num_layers=p.num_layers, version=p.resnet_version,
+        data_format=s.data_format, batch_norm_decay=bn_decay,
+        batch_norm_epsilon=p.batch_norm_epsilon, num_classes=s.num_classes,
+        compute_dtype=tf.as_dtype(s.compute_dtype))
+    if labels is None:
+        return logits, None, None
+    xent = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+        labels, logits, reduction=tf.compat.v1.losses.Reduction.NONE)
+    # The tutorial's L2 term covers every trainable variable (batch-norm scales and the dense
+    # bias included); l2_loss is half the squared norm.
+    l2 = p.weight_decay * tf.math.add_n(
+        [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables()])
+    return logits, xent, l2
+
+
+def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
+    """One tower per device on its shard of the batch, sharing variables."""
+    is_training = mode == tf.estimator.ModeKeys.TRAIN
+    # Serving and prediction use one tower on the first device: requests have any size.
+    devices = list(s.devices) if mode != tf.estimator.ModeKeys.PREDICT else [s.devices[0]]
+    setters = towers.make_device_setters(devices, s.params.variable_strategy)
+    image_shards = towers.split_batch(images, len(devices))
+    label_shards = (towers.split_batch(labels, len(devices)) if labels is not None
+                    else [None] * len(devices))
+    bn_decay = s.params.batch_norm_decay
+    if is_training:
+        with tf.compat.v1.device(towers.consolidation_device(s.params.variable_strategy,
+                                                             devices)):
+            bn_decay = schedules.batch_norm_decay_schedule(
+                tf.compat.v1.train.get_or_create_global_step(), s.params.batch_norm_decay)
+    built = _Towers()
+    for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
+        with tf.compat.v1.variable_scope("resnet", reuse=i > 0), \
+                tf.name_scope(f"tower_{i}") as scope, tf.compat.v1.device(setter):
+            logits, xent, l2 = _tower(x, y, is_training, s, bn_decay)
+            built.logits.append(logits)
+            if xent is None:
+                continue
+            loss = tf.reduce_mean(xent) + l2
+            built.cross_entropy.append(xent)
+            built.weight_decay.append(l2)
+            built.losses.append(loss)
+            if is_training:
+                params = tf.compat.v1.trainable_variables()
+                built.grads.append(list(zip(tf.gradients(loss, params), params)))
+            if i == 0:
+                # Only tower 0 updates the batch-norm moving statistics: every tower sees a
+                # random shard of the same distribution, so one tower's statistics converge
+                # to the same values, and the update stays cheap.
+                built.update_ops = tf.compat.v1.get_collection(
+                    tf.compat.v1.GraphKeys.UPDATE_OPS, scope)
+    return built
+
+
+def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings):
+    """One optimizer update from the towers' averaged gradients; and the hooks it needs."""
+    optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.params.momentum)
+    hooks = []
+    if s.params.sync:
+        optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+            optimizer, replicas_to_aggregate=s.num_workers, total_num_replicas=s.num_workers)
+        log.info("synchronous updates: SyncReplicasOptimizer with replicas_to_aggregate=%d",
+                 s.num_workers)
+        # Every worker needs the hook (the chief's also applies the aggregated gradients).
+        # No initial tokens: TensorFlow's default puts one per replica in the queue, which
+        # lets a chief that starts first fill the first steps with its own gradients alone;
+        # with none, step 1 waits for every worker.
+        hooks.append(sync_replicas.sync_replicas_hook(optimizer, s.is_chief, num_tokens=0))
+    gradvars = towers.average_gradients(built.grads)
+    # A NaN or infinite loss fails the step before the update is applied, so the variables
+    # (and every checkpoint saved later) keep their last finite values. Estimator's own
+    # NanTensorHook checks only after the step, when the chief's checkpoint hook (which runs
+    # first) may already have saved the NaN weights.
+    with tf.control_dependencies([tf.debugging.check_numerics(loss, NAN_LOSS_MESSAGE)]):
+        apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
+    return tf.group(apply_op, *built.update_ops), hooks
+
+
+def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelSettings):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    learning_rate = tf.identity(schedules.learning_rate_schedule(
+        global_step, s.params.learning_rate, s.params.lr_boundary_epochs,
+        s.params.lr_decay_factors, s.steps_per_epoch), name=LEARNING_RATE_TENSOR.split(":")[0])
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)), tf.float32),
+                              name="train_accuracy_value")
+    cross_entropy = tf.reduce_mean(tf.concat(built.cross_entropy, axis=0),
+                                   name="cross_entropy_value")
+    tf.compat.v1.summary.scalar("learning_rate", learning_rate)
+    tf.compat.v1.summary.scalar("train_accuracy", accuracy)
+    # The two parts of the loss (tower 0's weight decay: the same in every tower).
+    tf.compat.v1.summary.scalar("cross_entropy", cross_entropy)
+    tf.compat.v1.summary.scalar("weight_decay", built.weight_decay[0])
+    train_op, hooks = _train_op(built, loss, learning_rate, global_step, s)
+    return tf.estimator.EstimatorSpec(tf.estimator.ModeKeys.TRAIN, predictions=predictions,
+                                      loss=loss, train_op=train_op, training_hooks=hooks)
+
+
+def make_model_fn(s: ModelSettings):
+    """Returns the Estimator model_fn for these settings."""
+
+    def model_fn(features, labels, mode):
+        images = features["image"] if isinstance(features, dict) else features
+        built = _build_towers(images, labels, mode, s)
+        with tf.compat.v1.device(towers.consolidation_device(s.params.variable_strategy,
+                                                             s.devices)):
+            logits = tf.concat(built.logits, axis=0) if len(built.logits) > 1 else built.logits[0]
+            classes = tf.argmax(logits, axis=1, name="classes")
+            predictions = {"classes": classes,
+                           "probabilities": tf.nn.softmax(logits, name="probabilities")}
+            if mode == tf.estimator.ModeKeys.PREDICT:
+                return tf.estimator.EstimatorSpec(
+                    mode, predictions=predictions,
+                    export_outputs={PREDICT_SIGNATURE:
+                                    tf.estimator.export.PredictOutput(predictions)})
+            loss = tf.reduce_mean(built.losses, name=LOSS_TENSOR.split(":")[0])
+            if mode == tf.estimator.ModeKeys.EVAL:
+                weight = features.get("weight") if isinstance(features, dict) else None
+                return tf.estimator.EstimatorSpec(
+                    mode, predictions=predictions, loss=loss,
+                    eval_metric_ops=metrics.eval_metrics(
+                        labels, classes, tf.concat(built.cross_entropy, axis=0), weight,
+                        s.class_names))
+            return _training_spec(built, labels, classes, loss, predictions, s)
+
+    return model_fn

@@ -1,0 +1,75 @@
+"""The model's hyperparameters: their defaults, meaning and constraints, stated once.
+
+``ModelParams`` holds what the ``model_fn`` reads from the user's settings: the network, the
+optimisation and how towers and workers combine gradients. The trainer's settings
+(``training.config.TrainConfig``) extend it with the job's own, and the command line makes one
+flag per field from the field's name, type and ``help`` (``training.flags``), so a hyperparameter
+is added here once. The defaults are the original TensorFlow tutorial's (``--num-layers 44``,
+batch 128, momentum 0.9, weight decay 2e-4, learning rate 0.1, batch norm 0.997 / 1e-5).
+
+No TensorFlow here: command lines import this before TensorFlow loads.
+"""
+
+import dataclasses
+from typing import Optional
+
+
+def setting(default, help: str, **extra):
+    """A dataclass field with the ``help`` (and ``choices``) its command-line flag shows."""
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+def depth_problem(num_layers: int) -> Optional[str]:
+    """Why ``num_layers`` is not a CIFAR ResNet depth, or None.
+
+    He et al. 2015 (arXiv:1512.03385), section 4.2: 6n+2 layers, a stem, three stages of n
+    two-layer blocks and the dense layer; n >= 1.
+    """
+    if num_layers < 8 or (num_layers - 2) % 6:
+        return f"must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), got {num_layers}"
+    return None
+
+
+def blocks_per_stage(num_layers: int) -> int:
+    """n for a ResNet of depth 6n+2; ValueError for other depths."""
+    problem = depth_problem(num_layers)
+    if problem:
+        raise ValueError(f"ResNet depth {problem}")
+    return (num_layers - 2) // 6
+
+
+def depth(blocks: int) -> int:
+    """The depth of a ResNet with ``blocks`` blocks per stage."""
+    return 6 * blocks + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParams:
+    """The hyperparameters the model_fn reads (one worker's view)."""
+
+    num_layers: int = setting(44, "ResNet depth, 6n+2 (20, 32, 44, 56, 110, ...)")
+    resnet_version: int = setting(
+        1, "1: post-activation blocks (He et al. 2015); 2: pre-activation (He et al. 2016)",
+        choices=(1, 2))
+    train_batch_size: int = setting(
+        128, "images per step per worker, split evenly over its towers")
+    momentum: float = setting(0.9, "momentum of the SGD optimizer")
+    weight_decay: float = setting(2e-4, "L2 coefficient applied to all trainable variables")
+    learning_rate: float = setting(
+        0.1, "base learning rate; multiplied by --lr-decay-factors at --lr-boundary-epochs")
+    lr_boundary_epochs: tuple[float, ...] = setting(
+        (82, 123, 300), "epochs at which the learning rate drops (comma-separated, fractions "
+                        "allowed); the schedule of tensorpack's cifar10-resnet that the "
+                        "tutorial used")
+    lr_decay_factors: tuple[float, ...] = setting(
+        (1.0, 0.1, 0.01, 0.002), "learning-rate multipliers, one more than the boundaries")
+    batch_norm_decay: float = setting(
+        0.997, "batch-norm moving-average decay; the decay used at step t is "
+               "min(decay, (1+t)/(10+t)), so short runs evaluate right")
+    batch_norm_epsilon: float = setting(1e-5, "batch-norm epsilon")
+    variable_strategy: str = setting(
+        "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
+               "GPUs by byte size", choices=("CPU", "GPU"))
+    sync: bool = setting(
+        False, "in a cluster, aggregate one gradient per worker per step "
+               "(SyncReplicasOptimizer); default is asynchronous")

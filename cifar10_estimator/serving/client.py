@@ -1,0 +1,81 @@
+"""Using an export from Python: load it, and classify image files with it (what ``predict`` runs).
+
+Image files of any size and mode are converted to 32x32 RGB exactly as the image-folder
+generator converts training pictures (``images.to_cifar_pixels``), after Pillow has checked
+their headers (``images.check_file``); the SavedModel's ``serving_default`` signature gives the
+probabilities, and the export's ``assets.extra/class_names.txt`` the names (CIFAR-10's for a
+10-class export without it).
+"""
+
+import io
+import os
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from cifar10_estimator.data import images, schema
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.serving.export import CLASS_NAMES_FILE
+
+
+def load_image(path: str) -> tf.Tensor:
+    """Decodes one image file to float32 [32, 32, 3] in 0..255 (RGB), as the records hold it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read image {path}: {e.strerror}") from None
+    images.check_file(io.BytesIO(data), path)
+    try:
+        pixels = images.to_cifar_pixels(tf.constant(data))
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError):
+        raise UserError(f"{path} is not a readable {images.KINDS} image; remove or replace "
+                        f"it") from None
+    return tf.cast(pixels, tf.float32)
+
+
+def load_model(saved_model_dir: str):
+    """Loads the SavedModel and its serving_default signature; UserError if it is not one."""
+    if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
+        raise UserError(f"{saved_model_dir} is not a SavedModel folder (no saved_model.pb); "
+                        f"pass a numbered folder under the trainer's --export-dir")
+    try:
+        model = tf.saved_model.load(saved_model_dir)
+        signature = model.signatures["serving_default"]
+    except (KeyError, ValueError, OSError, tf.errors.OpError) as e:
+        raise UserError(f"{saved_model_dir} is not a usable SavedModel of this package "
+                        f"({type(e).__name__})") from None
+    return model, signature
+
+
+def class_names(saved_model_dir: str, num_classes: int) -> tuple[str, ...]:
+    """The export's class names (``assets.extra/class_names.txt``).
+
+    Falls back to CIFAR-10's names for a 10-class model without the file, and to
+    ``class 0``, ``class 1``, ... for any other model whose file is missing or does not match.
+    """
+    try:
+        with open(os.path.join(saved_model_dir, CLASS_NAMES_FILE)) as f:
+            names = tuple(line.strip() for line in f if line.strip())
+    except (OSError, UnicodeDecodeError):
+        names = ()
+    if len(names) == num_classes:
+        return names
+    if num_classes == schema.NUM_CLASSES:
+        return schema.CLASS_NAMES
+    return tuple(f"class {i}" for i in range(num_classes))
+
+
+def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3
+             ) -> list[list[tuple[str, float]]]:
+    """Top ``top`` (class name, probability) pairs for each image, best first."""
+    pictures = tf.stack([load_image(p) for p in image_paths])
+    _, signature = load_model(saved_model_dir)
+    probabilities = signature(images=pictures)["probabilities"].numpy()
+    names = class_names(saved_model_dir, probabilities.shape[1])
+    results = []
+    for row in probabilities:
+        best = np.argsort(-row)[:top]
+        results.append([(names[i], float(row[i])) for i in best])
+    return results

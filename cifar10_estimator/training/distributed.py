@@ -1,0 +1,282 @@
+"""Being one task of a TensorFlow cluster: reachability, parameter servers, the end of training.
+
+``driver.train_and_evaluate`` takes the cluster and this task's role from the Estimator's
+``RunConfig`` (the package's only reader of ``TF_CONFIG``) and passes them here as plain values;
+nothing in this module reads the environment.
+
+What it owns:
+
+- ``device_filters``: which tasks a trainer's sessions may talk to (the parameter servers and
+  itself), so one dead or slow worker never blocks another worker's session.
+- ``wait_for_tasks`` and ``wait_for_checkpoint``: bounded waits at start-up that end in one clear
+  error (naming ``--cluster-timeout-secs``) instead of TensorFlow's silent retries for hours.
+  (Once training runs, a parameter server that goes away is TensorFlow's business: the
+  sessions fail and ``MonitoredSession`` recreates them when it is back.)
+- ``run_parameter_server`` and ``report_done``: a parameter server serves variables until every
+  training task has reported that it finished, then exits 0, so a cluster ends by itself. The
+  reports travel through a queue that lives on each parameter server.
+- ``ParameterServerWatchdog``: a parameter server that dies mid-run and comes back on the same
+  address is recovered by TensorFlow (``MonitoredSession`` recreates the sessions; the chief
+  restores the latest checkpoint into the new one). One that does not come back would leave
+  every trainer retrying forever; the watchdog ends the task with one line instead.
+"""
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+import tensorflow as tf
+
+from cifar10_estimator.errors import UserError
+
+log = logging.getLogger("cifar10_estimator")
+
+# Jobs whose tasks run training steps ("master" is the pre-"chief" name Estimator still accepts).
+TRAINER_JOBS = ("chief", "master", "worker")
+_DONE_QUEUE = "cifar10_estimator_done"  # shared_name of the queue on every ps
+_POLL_SECS = 0.5
+_PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
+
+
+def device_filters(task_type: str, task_id: int) -> list[str]:
+    """Devices a trainer's sessions may use: every ps and this task.
+
+    These are the filters Estimator sets itself when the RunConfig has no session config
+    (``RunConfig._get_default_session_config_distributed`` in tensorflow_estimator); this
+    package passes its own session config, so it has to repeat them. Without them a session
+    asks every task of the cluster for its devices at creation and waits for tasks it never
+    uses (a worker that is still starting, or one that died).
+    """
+    if task_type == "worker":
+        return ["/job:ps", f"/job:worker/task:{task_id}"]
+    return ["/job:ps", f"/job:{task_type}"]
+
+
+def trainer_tasks(cluster: Mapping[str, Sequence[str]]) -> list[str]:
+    """Names (``job:index``) of the tasks that train, chief first."""
+    return [f"{job}:{i}" for job in TRAINER_JOBS for i in range(len(cluster.get(job, ())))]
+
+
+def describe(cluster: Mapping[str, Sequence[str]]) -> str:
+    """One line: ``chief 127.0.0.1:2222; worker 127.0.0.1:2223, ...; ps ...``."""
+    return "; ".join(f"{job} {', '.join(cluster[job])}" for job in sorted(cluster))
+
+
+def _answers(task: str, address: str, timeout_secs: float) -> bool:
+    """True if a TensorFlow server for ``task`` (``job:index``) answers at ``address``.
+
+    A TCP connection is not enough: a port that accepts connections but does not speak
+    TensorFlow's gRPC would later hang session creation for good (the master's device
+    discovery has no deadline). So this runs a trivial op on the task itself, through its own
+    master, under ``operation_timeout_in_ms``, which does bound the calls to that master.
+    """
+    job, index = task.split(":")
+    device = f"/job:{job}/task:{index}"
+    with tf.Graph().as_default():
+        with tf.compat.v1.device(device):
+            probe = tf.constant(0, name="probe")
+        config = tf.compat.v1.ConfigProto(device_filters=[device],
+                                          operation_timeout_in_ms=int(timeout_secs * 1000))
+        try:
+            with tf.compat.v1.Session(f"grpc://{address}", config=config) as session:
+                session.run(probe)
+            return True
+        except tf.errors.OpError:
+            return False
+
+
+def wait_for_tasks(tasks: Mapping[str, str], timeout_secs: float) -> None:
+    """Waits until a TensorFlow server answers for every task.
+
+    Args:
+      tasks: task name (``ps:0``) -> ``host:port``.
+      timeout_secs: how long to keep trying.
+
+    Raises:
+      UserError: some task still did not answer after ``timeout_secs``.
+    """
+    deadline = time.monotonic() + timeout_secs
+    waiting = dict(tasks)
+    announced = False
+    while True:
+        waiting = {name: address for name, address in waiting.items() if not _answers(
+            name, address, max(_POLL_SECS, min(_PROBE_SECS, deadline - time.monotonic())))}
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{n} at {a}" for n, a in waiting.items())
+            raise UserError(f"cannot reach {names} within {timeout_secs:g} s "
+                            f"(--cluster-timeout-secs); check the cluster in TF_CONFIG and "
+                            f"that those tasks are running")
+        if not announced:
+            log.info("waiting up to %g s for %s", timeout_secs, ", ".join(waiting))
+            announced = True
+        time.sleep(_POLL_SECS)
+
+
+def wait_for_checkpoint(job_dir: str, timeout_secs: float) -> str:
+    """Waits until ``job_dir`` holds a checkpoint; returns its path.
+
+    The chief saves one as soon as it has initialised or restored the variables, so a
+    non-chief task that sees none for long is almost always looking at a different folder.
+
+    Raises:
+      UserError: no checkpoint after ``timeout_secs``.
+    """
+    checkpoint = tf.train.latest_checkpoint(job_dir)
+    if checkpoint:
+        return checkpoint
+    log.info("waiting up to %g s for the chief's first checkpoint in %s", timeout_secs, job_dir)
+    # The first checkpoint the iterator yields; None once it gives up after the timeout.
+    checkpoint = next(tf.train.checkpoints_iterator(job_dir, timeout=timeout_secs), None)
+    if checkpoint is None:
+        raise UserError(
+            f"no checkpoint from the chief appeared in --job-dir {job_dir} within "
+            f"{timeout_secs:g} s (--cluster-timeout-secs); every task of a cluster must "
+            f"use the same --job-dir on shared storage, and the chief must be running")
+    return checkpoint
+
+
+def _done_queue() -> tf.queue.FIFOQueue:
+    # Capacity -1 is unbounded (as SyncReplicasOptimizer's token queue): a report never blocks.
+    return tf.queue.FIFOQueue(-1, [tf.string], shapes=[()], shared_name=_DONE_QUEUE,
+                              name="done_queue")
+
+
+def run_parameter_server(cluster: Mapping[str, Sequence[str]], task_index: int,
+                         straggler_timeout_secs: float) -> None:
+    """Serves this parameter server's share of the variables until training has finished.
+
+    Returns once every training task has called ``report_done``, or ``straggler_timeout_secs``
+    after the chief has, whichever comes first (a worker that died never reports; the chief
+    finishing means the global step reached its target, so nobody needs the variables long).
+    TensorFlow's own parameter server (``Server.join``) never returns.
+    """
+    # A ps only holds variables: keep it off the GPUs so it does not reserve their memory.
+    tf.config.set_visible_devices([], "GPU")
+    server = tf.distribute.Server(tf.train.ClusterSpec(dict(cluster)), job_name="ps",
+                                  task_index=task_index, start=True)
+    expected = trainer_tasks(cluster)
+    chief = next((t for t in expected if not t.startswith("worker")), None)
+    log.info("parameter server %d serving at %s until %s finish", task_index,
+             cluster["ps"][task_index], ", ".join(expected))
+    with tf.Graph().as_default():
+        with tf.compat.v1.device(f"/job:ps/task:{task_index}"):
+            dequeue = _done_queue().dequeue()
+        config = tf.compat.v1.ConfigProto(device_filters=[f"/job:ps/task:{task_index}"])
+        # A timed-out dequeue is cancelled without taking an element, so polling loses none.
+        poll = tf.compat.v1.RunOptions(timeout_in_ms=int(_POLL_SECS * 4000))
+        with tf.compat.v1.Session(server.target, config=config) as session:
+            done: set[str] = set()
+            chief_done_at: Optional[float] = None
+            while set(expected) - done:
+                if (chief_done_at is not None
+                        and time.monotonic() - chief_done_at > straggler_timeout_secs):
+                    log.warning("parameter server %d: %s never reported within %g s after "
+                                "the chief; stopping anyway", task_index,
+                                ", ".join(sorted(set(expected) - done)),
+                                straggler_timeout_secs)
+                    break
+                try:
+                    name = session.run(dequeue, options=poll).decode()
+                except tf.errors.DeadlineExceededError:
+                    continue
+                done.add(name)
+                if name == chief:
+                    chief_done_at = time.monotonic()
+                log.info("parameter server %d: %s finished (%d of %d training tasks)",
+                         task_index, name, len(done & set(expected)), len(expected))
+    log.info("parameter server %d: training finished, exiting", task_index)
+
+
+def report_done(cluster: Mapping[str, Sequence[str]], task: str, timeout_secs: float) -> None:
+    """Tells every parameter server that training task ``task`` (``job:index``) finished.
+
+    Best effort: a parameter server that is gone or does not answer within ``timeout_secs``
+    is logged and skipped (it no longer needs the report).
+    """
+    for index, address in enumerate(cluster.get("ps", ())):
+        with tf.Graph().as_default():
+            with tf.compat.v1.device(f"/job:ps/task:{index}"):
+                enqueue = _done_queue().enqueue(task)
+            config = tf.compat.v1.ConfigProto(
+                device_filters=[f"/job:ps/task:{index}"],
+                # Bounds session creation and closing against a ps that is gone.
+                operation_timeout_in_ms=int(timeout_secs * 1000))
+            try:
+                with tf.compat.v1.Session(f"grpc://{address}", config=config) as session:
+                    session.run(enqueue, options=tf.compat.v1.RunOptions(
+                        timeout_in_ms=int(timeout_secs * 1000)))
+            except tf.errors.OpError as e:
+                # The message's first line is often just "Graph execution error:".
+                reason = [line for line in e.message.splitlines() if line.strip()][-1]
+                log.warning("could not tell parameter server %d (%s) that %s finished: %s",
+                            index, address, task, reason)
+
+
+
+# Exit status of a trainer that lost a parameter server for good: a failure, not a signal, so
+# an orchestrator that restarts signalled pods (Kubeflow's restartPolicy ExitCode) does not loop.
+LOST_PS_EXIT_STATUS = 1
+
+
+class ParameterServerWatchdog(tf.estimator.SessionRunHook):
+    """Ends a trainer whose parameter servers stay unreachable while no step completes.
+
+    Every ``check_secs`` a thread looks at the time since the last completed step; past
+    ``timeout_secs`` it probes the parameter servers, and if one still does not answer it logs
+    one line (what happened, how to resume) and exits the process with status 1. TensorFlow's
+    recovery loop gives no other way out: it retries session creation forever.
+    """
+
+    def __init__(self, ps_tasks: Mapping[str, str], timeout_secs: float, resume_hint: str,
+                 check_secs: float = 5.0,
+                 exit_fn: Callable[[int], None] = os._exit):
+        """
+        Args:
+          ps_tasks: parameter server name (``ps:0``) -> ``host:port``.
+          timeout_secs: how long without a step and without a parameter server to accept.
+          resume_hint: what the user should do, appended to the message.
+          check_secs: how often the thread looks.
+          exit_fn: ends the process (``os._exit``: the session cannot be closed cleanly).
+        """
+        self._ps = dict(ps_tasks)
+        self._timeout = timeout_secs
+        self._hint = resume_hint
+        self._check = check_secs
+        self._exit = exit_fn
+        self._last_step = time.monotonic()
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def begin(self):
+        self._last_step = time.monotonic()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="ps_watchdog",
+                                            daemon=True)
+            self._thread.start()
+
+    def after_run(self, run_context, run_values):
+        self._last_step = time.monotonic()
+
+    def end(self, session):
+        self._done.set()
+
+    def _watch(self):
+        while not self._done.wait(self._check):
+            idle = time.monotonic() - self._last_step
+            if idle < self._timeout:
+                continue
+            lost = [f"{name} at {address}" for name, address in self._ps.items()
+                    if not _answers(name, address, _PROBE_SECS)]
+            if lost and not self._done.is_set():
+                log.error("lost %s: no answer and no training step for %.0f s "
+                          "(--cluster-timeout-secs); %s", ", ".join(lost), idle, self._hint)
+                for handler in log.handlers:
+                    handler.flush()
+                sys.stderr.flush()
+                self._exit(LOST_PS_EXIT_STATUS)
+                return

@@ -1,0 +1,79 @@
+"""Keeping a job's state safe: job-dir checks before training, clear errors during it.
+
+Before anything is written, ``check_job_dir`` makes sure the job dir can be written and that any
+checkpoints in it belong to the network the flags describe (depth and block version, read from
+the checkpoint's variable names, so it also works on job dirs this package did not write).
+``training_errors`` turns the TensorFlow errors a user can cause or fix into one-line
+``UserError`` messages: a corrupt or truncated record file (named), a loss that became NaN, a
+checkpoint that does not fit the model. Interrupted runs need no guard: TensorFlow writes each
+checkpoint's files and then atomically replaces the ``checkpoint`` index, so a kill at any
+moment leaves the previous checkpoint as the latest, and a rerun resumes from it.
+"""
+
+import contextlib
+import os
+from typing import Iterator
+
+import tensorflow as tf
+
+from cifar10_estimator.data import metadata, schema
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.model.checkpoints import checkpoint_model
+from cifar10_estimator.model.model_fn import NAN_LOSS_MESSAGE
+
+
+def check_job_dir(job_dir: str, num_layers: int, resnet_version: int,
+                  num_classes: int = schema.NUM_CLASSES) -> None:
+    """Creates ``job_dir`` if needed; UserError if it is unusable or holds another model."""
+    try:
+        os.makedirs(job_dir, exist_ok=True)
+        probe = os.path.join(job_dir, f".write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"--job-dir {job_dir} is not a writable folder ({e.strerror}); choose "
+                        f"another --job-dir") from None
+    latest = tf.train.latest_checkpoint(job_dir)
+    if not latest:
+        return
+    try:
+        found = checkpoint_model(latest)
+    except (tf.errors.OpError, ValueError):
+        raise UserError(f"the latest checkpoint in --job-dir {job_dir} ({latest}) cannot be "
+                        f"read; delete it to resume from the one before, or use a new "
+                        f"--job-dir") from None
+    if found is None:
+        raise UserError(f"--job-dir {job_dir} holds checkpoints of a different model "
+                        f"({os.path.basename(latest)} has no CIFAR ResNet variables); use a "
+                        f"new --job-dir")
+    if found[:2] != (num_layers, resnet_version):
+        raise UserError(
+            f"--job-dir {job_dir} holds checkpoints of a ResNet-{found[0]} v{found[1]}, but the "
+            f"flags ask for ResNet-{num_layers} v{resnet_version}; resume with --num-layers "
+            f"{found[0]} --resnet-version {found[1]}, or use a new --job-dir")
+    if found[2] != num_classes:
+        raise UserError(
+            f"--job-dir {job_dir} holds checkpoints of a model with {found[2]} classes, but "
+            f"the records in --data-dir have {num_classes}; use the --data-dir it was trained "
+            f"on, or a new --job-dir")
+
+
+@contextlib.contextmanager
+def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
+    """Maps user-fixable TensorFlow errors raised inside the block to one-line UserErrors."""
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        path = metadata.find_corrupt_record_file(data_dir) or f"a record file in {data_dir}"
+        raise UserError(f"{path} is truncated or corrupt ({e.message.splitlines()[0]}); "
+                        f"regenerate it with {schema.GENERATOR_COMMAND}") from None
+    except (tf.errors.InvalidArgumentError, tf.compat.v1.train.NanLossDuringTrainingError) as e:
+        message = getattr(e, "message", str(e))
+        if NAN_LOSS_MESSAGE not in message and not isinstance(
+                e, tf.compat.v1.train.NanLossDuringTrainingError):
+            raise
+        latest = tf.train.latest_checkpoint(job_dir)
+        kept = f"the last good checkpoint, {latest}, is kept" if latest else "no checkpoint"
+        raise UserError(f"training stopped: the loss became NaN or infinite; {kept}. Lower "
+                        f"--learning-rate (or raise --weight-decay) and rerun") from None

@@ -1,0 +1,41 @@
+"""The last lines of a run: what it produced, how fast, and the commands that use it."""
+
+import os
+import shlex
+from typing import Optional
+
+from cifar10_estimator.training.config import TrainConfig
+from cifar10_estimator.training.driver import TrainResult
+from cifar10_estimator.training.progress import format_duration
+
+
+def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> list[str]:
+    """The run summary: wall time, final accuracy, throughput over the run, and the commands
+    that use what it wrote (predict, TF Serving, TensorBoard)."""
+    lines = [_head(config, result, seconds)]
+    if result.export_path:
+        export = shlex.quote(result.export_path)
+        lines.append(f"  SavedModel: {result.export_path}")
+        lines.append(f"  predict:    python -m cifar10_estimator.predict --saved-model "
+                     f"{export} IMAGE...")
+        lines.append(f"  serve:      tensorflow_model_server --rest_api_port=8501 "
+                     f"--model_name=cifar10 --model_base_path="
+                     f"{shlex.quote(os.path.abspath(os.path.dirname(result.export_path)))}")
+    if result.report_path:
+        lines.append(f"  report:     {result.report_path}")
+    lines.append(f"  TensorBoard: tensorboard --logdir {shlex.quote(config.job_dir)}")
+    return lines
+
+
+def _head(config: TrainConfig, result: TrainResult, seconds: float) -> str:
+    head = f"run summary: wall time {format_duration(seconds)}"
+    metrics: Optional[dict] = result.eval_metrics
+    if metrics and "accuracy" in metrics:
+        head += (f", final accuracy {100 * metrics['accuracy']:.2f}% at step "
+                 f"{int(metrics.get('global_step', 0))}")
+    steps = result.steps_trained
+    if steps > 0 and seconds > 0:
+        # Over the whole run (start-up and evaluations included), global steps of one batch.
+        head += (f", {steps} steps, {steps * config.train_batch_size / seconds:.1f} images/s "
+                 f"over the run")
+    return head

@@ -1,0 +1,86 @@
+"""The package's shape (docs/architecture.md): layers along the data's path, imports one way.
+
+Read from the source with ``ast``, so the test sees every import, lazy ones included.
+"""
+
+import ast
+import os
+
+import pytest
+
+PACKAGE = "cifar10_estimator"
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PACKAGE)
+# Lower layers never import higher ones: foundations, data, model, serving, training, commands.
+LAYERS = {"errors": 0, "fsutil": 0, "logs": 0, "data": 1, "model": 2, "serving": 3,
+          "training": 4}
+COMMAND_LAYER = 5  # train, generate, predict, demo, cluster, __main__, the package itself
+
+
+def _modules() -> dict[str, str]:
+    found = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                found[".".join([PACKAGE, *parts])] = path
+    return found
+
+
+def _imports(path: str, modules: dict[str, str]) -> set[str]:
+    """The package modules a file imports (``from pkg import mod`` counts as ``pkg.mod``)."""
+    seen = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != PACKAGE:
+                seen.add(name)
+    return seen
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.get(parts[1], COMMAND_LAYER) if len(parts) > 1 else COMMAND_LAYER
+
+
+MODULES = _modules()
+GRAPH = {m: _imports(p, MODULES) - {m} for m, p in MODULES.items()}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_higher_layer(module):
+    upward = sorted(m for m in GRAPH[module] if _layer(m) > _layer(module))
+    assert not upward, f"{module} imports {upward} from a higher layer"
+
+
+def test_the_import_graph_has_no_cycle():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for child in sorted(GRAPH[module]):
+            if state.get(child) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path + [module, child]))
+            if child not in state:
+                visit(child, path + [module])
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [])
+
+
+def test_the_layers_exist_and_commands_sit_on_top():
+    assert {m.split(".")[1] for m in MODULES if m.count(".") >= 2} == {
+        "data", "model", "serving", "training"}
+    for command in ("train", "generate", "predict", "demo", "cluster", "__main__"):
+        assert f"{PACKAGE}.{command}" in MODULES

@@ -1,0 +1,57 @@
+"""What the trainer's log shows a person, in a real process: its own lines, TensorFlow's warnings
+and the few INFO lines of ``logs.TF_INFO_SHOWN``, and none of the rest unless ``--verbose``."""
+
+import re
+
+import pytest
+
+from cifar10_estimator import logs
+from trainer_fixtures import TINY_FLAGS, run_module
+
+# The line each kept TensorFlow template produces (the template with its values filled in).
+_KEPT = {
+    "Saving checkpoints for %d into %s.": re.compile(r"Saving checkpoints for \d+ into \S+\."),
+    "Restoring parameters from %s": re.compile(r"Restoring parameters from \S+model\.ckpt-\d+"),
+    "Loss for final step: %s.": re.compile(r"Loss for final step: [0-9.]+\."),
+}
+# Lines TensorFlow prints in every run that say nothing a user can act on.
+_NOISE = ("Calling model_fn", "Graph was finalized", "Running local_init_op", "Using config:",
+          "is deprecated", "Instructions for updating")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tiny_records, tmp_path_factory):
+    """A run of 2 steps, then the same job resumed to 4: what the user reads of each."""
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path_factory.mktemp("logs") / "job")
+    base = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+            "--save-checkpoints-steps", "2", "--eval-throttle-secs", "100000"]
+    first = run_module("cifar10_estimator", *base, "--train-steps", "2")
+    second = run_module("cifar10_estimator", *base, "--train-steps", "4")
+    assert first.returncode == 0 and second.returncode == 0, second.stderr[-3000:]
+    return first.stderr + second.stderr, base
+
+
+def test_every_kept_tensorflow_template_still_appears_in_a_real_run(two_runs):
+    # A template TensorFlow rewords would vanish silently from the log: this catches it.
+    text, _ = two_runs
+    assert set(_KEPT) == set(logs.TF_INFO_SHOWN)
+    for template, line in _KEPT.items():
+        assert line.search(text), f"no line from {template!r} in:\n{text[-3000:]}"
+
+
+def test_the_log_has_our_lines_and_none_of_tensorflows_chatter(two_runs):
+    text, _ = two_runs
+    assert re.search(r"evaluation at step 4: accuracy = [0-9.]+, cross_entropy = ", text)
+    assert "run summary: wall time" in text and "resuming from" in text
+    for noise in _NOISE:
+        assert noise not in text, noise
+
+
+def test_verbose_shows_all_of_tensorflows_log(two_runs, tmp_path):
+    _, base = two_runs
+    job = base.index("--job-dir") + 1
+    flags = base[:job] + [str(tmp_path / "job")] + base[job + 1:]
+    verbose = run_module("cifar10_estimator", *flags, "--train-steps", "1", "--verbose")
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert "Calling model_fn" in verbose.stderr and "Graph was finalized" in verbose.stderr
