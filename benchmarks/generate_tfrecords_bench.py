@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from cifar10_estimator.data import sample_data, sources, writer  # noqa: E402
+from machine import print_machine_line  # noqa: E402
 
 
 def tf_import_seconds(runs: int) -> list[float]:
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--images-per-batch", type=int, default=10_000,
                         help="images per batch file; 6 files (default 10000, the real size)")
     args = parser.parse_args()
+    print_machine_line()
     images = 6 * args.images_per_batch
 
     imports = tf_import_seconds(3)

@@ -28,6 +28,7 @@ import time
 from machine import print_machine_line
 
 from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.model.params import depth_problem
 from cifar10_estimator.training import cpu
 from cifar10_estimator.training.precision import resolve_precision
 
@@ -52,10 +53,10 @@ POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}
 
 
 def blocks_per_stage(depth: int) -> int:
-    """n for a ResNet of depth 6n+2 (two convolutions per block, 3 stages, stem and dense)."""
-    if depth < 8 or (depth - 2) % 6:
-        raise UserError(f"--depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), "
-                        f"got {depth}")
+    """n for a ResNet of depth 6n+2 (the package's rule); UserError naming --depth else."""
+    problem = depth_problem(depth)
+    if problem:
+        raise UserError(f"--depth {problem}")
     return (depth - 2) // 6
 
 
@@ -217,14 +218,20 @@ def synthetic_batches(batch_size: int, num_batches: int, seed: int = 0):
     return tf.data.Dataset.from_tensor_slices((images, labels)).repeat().prefetch(2)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def peer_parser(description: str) -> argparse.ArgumentParser:
+    """The flags every peer takes: depth, batch size, timed seconds, warm-up steps."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--depth", type=int, default=20, help="6n+2 (default 20)")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     parser.add_argument("--seconds", type=float, default=30.0,
                         help="timed seconds of steady state, after the warm-up")
     parser.add_argument("--warmup-steps", type=int, default=10,
                         help="first steps left out of the timing (the first traces the graph)")
+    return parser
+
+
+def main() -> int:
+    parser = peer_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=tuple(POLICIES), default="fp32")
     parser.add_argument("--jit", action="store_true", help="compile the train step with XLA")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Time to the first training step: graph build, session start, first step, in a fresh process.
 
 Each run is a new Python process that trains a ResNet (default 44) for one step through the
-package's own ``train`` driver pieces (Estimator, input pipeline, model_fn, hooks) and reports
+pieces the package's driver uses (Estimator, input pipeline, model_fn, hooks) and reports
 where the time went: importing TensorFlow, building the graph, creating the session (variable
 initialisation, the step-0 checkpoint, graph.pbtxt) and running the first step (graph
 optimisation, the first input batch). Median of several runs.

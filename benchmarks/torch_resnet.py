@@ -14,7 +14,6 @@ It needs a Python with PyTorch, not this project's environment (TensorFlow is no
 (that exact pin takes the CPU wheel; an unpinned ``torch`` downloads GBs of CUDA packages).
 """
 
-import argparse
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from keras_resnet import (BATCH_SIZE, BN_EPSILON, BN_MOMENTUM, LEARNING_RATE,  # noqa: E402
                           MOMENTUM, NUM_CLASSES, STAGES, STEM_FILTERS, WEIGHT_DECAY,
-                          blocks_per_stage, check_precision, expected_params)
+                          blocks_per_stage, check_precision, expected_params, peer_parser)
 from machine import print_machine_line  # noqa: E402
 
 from cifar10_estimator.errors import UserError, run_cli  # noqa: E402
@@ -120,13 +119,7 @@ def build_resnet(depth: int, memory_format=None):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--depth", type=int, default=20, help="6n+2 (default 20)")
-    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
-    parser.add_argument("--seconds", type=float, default=30.0,
-                        help="timed seconds of steady state, after the warm-up")
-    parser.add_argument("--warmup-steps", type=int, default=10,
-                        help="first steps left out of the timing")
+    parser = peer_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: torch.autocast to bfloat16 (weights stay float32)")
     parser.add_argument("--memory-format", choices=("channels_last", "contiguous"),

@@ -89,7 +89,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         raise UserError(f"--train-steps must be 1 or more, got {args.train_steps}")
     data_dir = os.path.join(args.work_dir, "data")
     job_dir = os.path.join(args.work_dir, "job")
-    # Before TensorFlow loads (as the trainer's own command line does): see cpu.py.
+    # Before TensorFlow loads (as the trainer's own command line does): see training/cpu.py.
     cpu.prefer_onednn(os.environ)
     stages = _Stages()
 

@@ -118,6 +118,13 @@ def test_shares_not_counts_set_the_shade_and_the_percentages():
             assert (patch.max(axis=-1) <= 60).any()
 
 
+def test_a_rare_mistake_is_not_rounded_away():
+    # 1 of 200: 0.5 % reads "<1" and its row's 99.5 % reads ">99", not "0" and "100".
+    counts = np.array([[199, 1], [0, 200]], np.float64)
+    assert confusion_image.render(counts, ["disc", "square"]).cell_texts == (
+        (">99", "<1"), ("0", "100"))
+
+
 def test_numbers_up_to_twenty_classes_only():
     twenty = confusion_image.render(np.eye(20), [f"c{i}" for i in range(20)])
     assert twenty.cell_texts[0][:2] == ("100", "0")

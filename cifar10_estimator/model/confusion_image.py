@@ -105,6 +105,17 @@ def _label(axes, names: tuple[str, ...], cell: int, total: float) -> None:
                    parse_math=False)
 
 
+def percent_text(share: float) -> str:
+    """A share of the row in whole percent, never hiding a mistake: a few wrong images among
+    many read "<1", not "0", and a class all but perfect reads ">99", not "100"."""
+    percent = round(100.0 * share)
+    if percent == 0 and share > 0:
+        return "<1"
+    if percent == 100 and share < 1:
+        return ">99"
+    return f"{percent:d}"
+
+
 def _write_shares(axes, shares: np.ndarray, cmap, cell: int) -> tuple[tuple[str, ...], ...]:
     """Writes each cell's share in whole percent (up to MAX_NUMBERED_CLASSES); returns the
     texts written, rows of empty strings when there are too many classes."""
@@ -114,7 +125,7 @@ def _write_shares(axes, shares: np.ndarray, cmap, cell: int) -> tuple[tuple[str,
     # "100" is about 1.9 em wide in DejaVu Sans: 0.4 cell per em leaves a fifth of the
     # cell as margin.
     number_pt = min(MAX_FONT_PT, _points(cell) * 0.4)
-    texts = tuple(tuple(f"{100.0 * s:.0f}" for s in row) for row in shares)
+    texts = tuple(tuple(percent_text(s) for s in row) for row in shares)
     for i in range(num):
         for j in range(num):
             axes.text(j, i, texts[i][j], ha="center", va="center", fontsize=number_pt,
