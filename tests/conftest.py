@@ -28,8 +28,8 @@ from cifar10_estimator.training import cpu
 cpu.prefer_onednn(os.environ)
 
 from trainer_fixtures import REPO, tiny_records  # noqa: F401  (trainer fixtures)
-BATCH_NAMES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
-               "test_batch")
+
+BATCH_NAMES = schema.BATCH_FILES
 # Member order of the official cifar-10-python.tar.gz.
 ARCHIVE_ORDER = ("data_batch_4", "readme.html", "test_batch", "data_batch_3", "batches.meta",
                  "data_batch_2", "data_batch_5", "data_batch_1")
