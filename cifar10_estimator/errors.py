@@ -1,11 +1,14 @@
-"""The error type for mistakes a user can fix, and how command lines report them.
+"""How a command ends when it cannot finish: a user's mistake, or a signal.
 
 Library code raises ``UserError`` with a one-line message that names the file, flag or value
-at fault and says how to fix it. Command-line entry points catch it (and nothing else) in
-``run_cli`` and print ``error: <message>`` to stderr with exit status 2, without a traceback.
-Anything else is a bug and keeps its traceback.
+at fault and says how to fix it. Command-line entry points catch it in ``run_cli`` and print
+``error: <message>`` to stderr with exit status 2, without a traceback. ``Stopped`` is a task
+that received SIGTERM or SIGINT and stopped where nothing is lost (``training.preemption``); it
+has said so in the log, and the command exits with 128 + the signal's number. Anything else is
+a bug and keeps its traceback.
 """
 
+import signal
 import sys
 from typing import Callable
 
@@ -14,13 +17,33 @@ class UserError(Exception):
     """A problem with the user's input or environment, reported as one line."""
 
 
+class Stopped(Exception):
+    """The process received SIGTERM or SIGINT and stopped; it exits with 128 + the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number (143 for SIGTERM), as a shell reports it."""
+        return 128 + self.signum
+
+
 def run_cli(main_fn: Callable[[], int | None], prog: str) -> int:
-    """Runs ``main_fn`` and turns ``UserError`` and Ctrl-C into a one-line message and exit code."""
+    """Runs ``main_fn`` and turns ``UserError``, a signal and Ctrl-C into an exit status (with
+    a one-line message for the error)."""
     try:
         return int(main_fn() or 0)
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except Stopped as e:
+        return e.exit_status
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -2,8 +2,9 @@
 
 Flags (``training.flags``) -> ``TrainConfig`` -> ``training.driver.train_and_evaluate`` -> the
 run summary. It does the process-level set-up a library must not do: oneDNN on before
-TensorFlow loads (``training.cpu``), a readable log (``logs``), the CPU as oneDNN sees it, and
-one-line errors with exit status 2 for user mistakes (``errors.run_cli``).
+TensorFlow loads (``training.cpu``), a readable log (``logs``), the CPU as oneDNN sees it,
+SIGTERM and SIGINT handled as a preemption (``training.preemption``: save, exit 143 or 130),
+and one-line errors with exit status 2 for user mistakes (``errors.run_cli``).
 """
 
 import logging
@@ -31,10 +32,15 @@ def run(argv: Optional[Sequence[str]] = None):
     cpu.prefer_onednn(os.environ)
     logs.setup_logging(verbose)
     from cifar10_estimator.training import driver, report, summary  # TensorFlow loads here
+    from cifar10_estimator.training.preemption import Preemption
 
     started = time.monotonic()
+    preemption = Preemption().install()  # SIGTERM/SIGINT: save, say so, exit 128 + signal
     cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
-    result = driver.train_and_evaluate(config, cpu_info)
+    try:
+        result = driver.train_and_evaluate(config, cpu_info, preemption)
+    finally:
+        preemption.restore()  # for callers that go on (the demo, the tests)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

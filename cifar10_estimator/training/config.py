@@ -21,7 +21,7 @@ class TrainConfig(ModelParams):
     """Settings of one training job (one task of a cluster)."""
 
     data_dir: Optional[str] = _field(
-        None, "folder with train/validation/eval.tfrecords (required except on a ps task)")
+        None, "folder with train.tfrecords and eval.tfrecords (required except on a ps task)")
     job_dir: Optional[str] = _field(
         None, "folder for checkpoints, summaries and the export; shared by all tasks of a "
               "cluster; rerunning with the same folder resumes (required)")
@@ -67,6 +67,10 @@ class TrainConfig(ModelParams):
                "EXPORT_DIR/best/<version>, keeping only the best (true/false); evaluations run "
                "in a local job or on a cluster's evaluator task")
     seed: Optional[int] = _field(None, "random seed for initialisation, shuffling and augmentation")
+    change_settings: bool = _field(
+        False, "accept settings that differ from the ones JOB_DIR/settings.json recorded at the "
+               "job's first start, and record them (chief or local run); without it such a "
+               "rerun is refused")
     cluster_timeout_secs: int = _field(
         600, "in a cluster, how long a task waits for the others (for the parameter servers "
              "to answer, for the chief's first checkpoint, for the chief to initialise the "

@@ -16,6 +16,7 @@ checkpoints and exports; with ``--export-best`` the task that evaluates (locally
 in a cluster, the evaluator) also exports each evaluation that beats the best so far.
 """
 
+import contextlib
 import dataclasses
 import logging
 from typing import Callable, Optional, Sequence
@@ -24,14 +25,16 @@ import tensorflow as tf
 
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cifar10_estimator.errors import UserError
+from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.model import checkpoints, towers
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
 from cifar10_estimator.model.params import ModelParams
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving.export import export_saved_model
 from cifar10_estimator.training import (cpu, distributed, evaluator, guards, precision, progress,
-                                        report)
+                                        report, settings_record)
+from cifar10_estimator.training.job_lock import JobLock
+from cifar10_estimator.training.preemption import Preemption
 from cifar10_estimator.training.config import TrainConfig, validate
 
 log = logging.getLogger("cifar10_estimator")
@@ -64,6 +67,7 @@ class _Job:
     settings: ModelSettings
     train_data: Cifar10DataSet
     eval_data: Cifar10DataSet
+    preemption: Preemption
 
 
 def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
@@ -173,7 +177,7 @@ def _log_role(job: _Job) -> None:
         log.info("role: local (no cluster in TF_CONFIG)")
 
 
-def _prepare(config: TrainConfig) -> _Job:
+def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
     """The RunConfig, the data (checked before anything trains) and the model's settings."""
     rc = run_config(config)
     cluster = rc.cluster_spec.as_dict() if rc.cluster_spec else {}
@@ -190,7 +194,8 @@ def _prepare(config: TrainConfig) -> _Job:
     train_records = train_data.num_examples()
     num_workers = rc.num_worker_replicas or 1
     settings = model_settings(config, num_workers, rc.is_chief, train_records, info.class_names)
-    job = _Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data)
+    job = _Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
+               preemption)
     _log_role(job)
     log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
              "%d steps per epoch", config.num_layers, config.resnet_version,
@@ -203,9 +208,11 @@ def _ps_tasks(cluster: dict) -> dict:
     return {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))}
 
 
-def _wait_for_cluster(job: _Job) -> None:
-    """Bounded waits for the rest of the cluster, then the job-dir check on the chief."""
+def _wait_for_cluster(job: _Job, stack: contextlib.ExitStack) -> None:
+    """Bounded waits for the rest of the cluster; the chief's checks and lock of the job dir;
+    every task's check of the job dir's settings record."""
     config = job.config
+    current = settings_record.run_settings(config, job.info.dataset, job.info.num_classes)
     if job.in_cluster:
         # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
         # A trainer's sessions use only the parameter servers (and itself); a worker learns
@@ -216,9 +223,18 @@ def _wait_for_cluster(job: _Job) -> None:
         # the job dir is shared, and a worker arriving before the chief has initialised the
         # variables would sleep 30 s between checks (SessionManager's recovery_wait_secs).
         distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
+        settings_record.check(config.job_dir, current, is_chief=False)
         return
     guards.check_job_dir(config.job_dir, config.num_layers, config.resnet_version,
                          job.info.num_classes)
+    if "://" in config.job_dir:
+        log.info("--job-dir %s is not a local path, which this package cannot lock: make sure "
+                 "only one trainer uses it", config.job_dir)
+    else:
+        lock = stack.enter_context(JobLock(config.job_dir))
+        job.preemption.before_exit(lambda _: lock.release())
+    settings_record.check(config.job_dir, current, is_chief=True,
+                          change=config.change_settings)
     latest = tf.train.latest_checkpoint(config.job_dir)
     if latest:  # only the chief restores; others use the ps or evaluate
         log.info("resuming from %s", latest)
@@ -254,7 +270,7 @@ def _progress_hook(job: _Job) -> progress.ProgressHook:
 def _specs(job: _Job, best: Optional[BestExport]):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``."""
     config = job.config
-    train_hooks = [_progress_hook(job)]
+    train_hooks = [_progress_hook(job), job.preemption.training_hook()]
     if job.in_cluster:
         train_hooks.append(distributed.ParameterServerWatchdog(
             _ps_tasks(job.cluster), config.cluster_timeout_secs,
@@ -266,7 +282,8 @@ def _specs(job: _Job, best: Optional[BestExport]):
     eval_spec = tf.estimator.EvalSpec(
         lambda: job.eval_data.make_batch(config.eval_batch_size),
         steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
-        exporters=[_AfterEvaluation(best.consider if best else None)])
+        exporters=[_AfterEvaluation(best.consider if best else None)],
+        hooks=[job.preemption.evaluation_hook()])
     return train_spec, eval_spec
 
 
@@ -280,7 +297,7 @@ def _evaluate_only(job: _Job, estimator, eval_spec, best: Optional[BestExport]) 
     with guards.training_errors(job.config.data_dir, job.config.job_dir):
         metrics = evaluator.evaluate_checkpoints(
             estimator, eval_spec.input_fn, job.config.train_steps,
-            job.config.eval_throttle_secs, on_evaluation=after)
+            job.config.eval_throttle_secs, on_evaluation=after, hooks=eval_spec.hooks)
     return TrainResult(metrics, None, _report(job, metrics), role="evaluator")
 
 
@@ -295,6 +312,7 @@ def _train(job: _Job, estimator, train_spec, eval_spec) -> Optional[dict]:
         raise UserError(f"the chief did not make the model ready within "
                         f"{job.config.cluster_timeout_secs} s (--cluster-timeout-secs): "
                         f"{e.message.splitlines()[0]}") from None
+    job.preemption.check()  # a session that stopped for a signal: no report, no export
     if job.in_cluster:
         # Lets the parameter servers exit; the export below does not need them.
         distributed.report_done(job.cluster, f"{job.rc.task_type}:{job.rc.task_id}",
@@ -312,23 +330,41 @@ def _export_final(job: _Job, metrics: Optional[dict]) -> str:
     return path
 
 
-def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo) -> TrainResult:
+def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
+                       preemption: Optional[Preemption] = None) -> TrainResult:
     """Validates, then trains, evaluates and (on the chief) exports, as this task's role in
-    TF_CONFIG says. ``cpu_info`` is the CPU as oneDNN sees it (for ``--precision``)."""
+    TF_CONFIG says. ``cpu_info`` is the CPU as oneDNN sees it (for ``--precision``);
+    ``preemption``, if installed, turns SIGTERM and SIGINT into a save and ``errors.Stopped``."""
+    preemption = preemption or Preemption()
     try:
         role = tf.estimator.RunConfig()  # only the role: a ps needs none of the settings
     except ValueError as e:
         raise UserError(f"TF_CONFIG: {e}; {_CLUSTER_HELP}") from None
+    preemption.before_exit(lambda stop: log.info(
+        _stopped_line(stop, role, config.job_dir, preemption.last_step)))
     onednn = cpu.onednn_enabled()
     validate(config, num_visible_gpus=len(tf.config.list_physical_devices("GPU")),
              needs_data=role.task_type != "ps", onednn_enabled=onednn)
-    if role.task_type == "ps":
-        cluster = role.cluster_spec.as_dict()
-        log.info("role: ps %d of the cluster %s", role.task_id, distributed.describe(cluster))
-        distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
-        return TrainResult(None, None, role="ps")
-    job = _prepare(_resolve_precision(config, cpu_info, onednn))
-    _wait_for_cluster(job)
+    try:
+        if role.task_type == "ps":
+            cluster = role.cluster_spec.as_dict()
+            log.info("role: ps %d of the cluster %s", role.task_id, distributed.describe(cluster))
+            distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
+            return TrainResult(None, None, role="ps")
+        return _run(_prepare(_resolve_precision(config, cpu_info, onednn), preemption))
+    except Stopped as stop:
+        log.info(_stopped_line(stop, role, config.job_dir, preemption.last_step))
+        raise
+
+
+def _run(job: _Job) -> TrainResult:
+    with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the very end
+        _wait_for_cluster(job, stack)
+        return _train_evaluate_export(job)
+
+
+def _train_evaluate_export(job: _Job) -> TrainResult:
+    config = job.config
     start_step = checkpoints.latest_step(config.job_dir)
     estimator = tf.estimator.Estimator(make_model_fn(job.settings), config=job.rc)
     best = BestExport(job.settings, config.resolved_export_dir) if config.export_best else None
@@ -345,6 +381,27 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo) -> TrainResul
     if not job.rc.is_chief:
         return TrainResult(metrics, None, steps_trained=trained, role=role)
     return TrainResult(metrics, _export_final(job, metrics), _report(job, metrics), trained, role)
+
+
+def _stopped_line(stop: Stopped, role: tf.estimator.RunConfig, job_dir: Optional[str],
+                  last_step: Optional[int]) -> str:
+    """What a task that received a signal says before it exits."""
+    head = f"received {stop.name}"
+    if role.task_type == "ps":
+        return (f"{head}: parameter server stopped (the chief's checkpoints hold the "
+                f"variables); start it again with the same command")
+    if role.task_type == "evaluator":
+        return f"{head}: evaluator stopped; rerun the same command to evaluate on"
+    at = f" at step {last_step}" if last_step is not None else " before training started"
+    if not role.is_chief:
+        return (f"{head}{at}: worker stopped (the chief saves the checkpoints); rerun the same "
+                f"command to rejoin")
+    latest = tf.train.latest_checkpoint(job_dir) if job_dir else None
+    if latest and last_step is not None and checkpoints.checkpoint_step(latest) >= last_step:
+        kept = f"saved {latest}"
+    else:
+        kept = f"the latest checkpoint is {latest}" if latest else "no checkpoint yet"
+    return f"{head}{at}: {kept}; rerun the same command to resume"
 
 
 def _report(job: _Job, metrics: Optional[dict]) -> Optional[str]:

@@ -24,7 +24,7 @@ The results go to ``JOB/eval`` for TensorBoard, as Estimator's own loop writes t
 import logging
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -40,7 +40,8 @@ _WAIT_SECS = 2
 
 def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
                          train_steps: int, throttle_secs: float,
-                         on_evaluation: Optional[Callable[[dict, str], object]] = None) -> dict:
+                         on_evaluation: Optional[Callable[[dict, str], object]] = None,
+                         hooks: Sequence[tf.estimator.SessionRunHook] = ()) -> dict:
     """Evaluates the job's checkpoints until the final one; returns the final metrics.
 
     Args:
@@ -50,6 +51,7 @@ def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
       throttle_secs: minimum seconds between the starts of two evaluations while training
         runs; the final checkpoint is evaluated at once.
       on_evaluation: called with the metrics and the checkpoint path after each evaluation.
+      hooks: session hooks of every evaluation.
     """
     evaluated: Optional[str] = None  # the last checkpoint evaluated (or skipped as deleted)
     waiting: Optional[str] = None  # a newer one that waits for the throttle
@@ -79,7 +81,7 @@ def evaluate_checkpoints(estimator: tf.estimator.Estimator, input_fn: Callable,
         waiting = None
         started = time.monotonic()
         try:
-            metrics = estimator.evaluate(input_fn, checkpoint_path=path)
+            metrics = estimator.evaluate(input_fn, checkpoint_path=path, hooks=hooks)
         except (tf.errors.NotFoundError, ValueError):
             if not checkpoint_gone(path):
                 raise

@@ -5,14 +5,16 @@ checkpoints in it belong to the network the flags describe (depth and block vers
 the checkpoint's variable names, so it also works on job dirs this package did not write).
 ``training_errors`` turns the TensorFlow errors a user can cause or fix into one-line
 ``UserError`` messages: a corrupt or truncated record file (named), a loss that became NaN, a
-checkpoint that does not fit the model. Interrupted runs need no guard: TensorFlow writes each
+checkpoint that does not fit the model, a checkpoint that cannot be written (a full disk or a
+quota, recognised by the operating system's own words for them). Interrupted runs need no guard: TensorFlow writes each
 checkpoint's files and then atomically replaces the ``checkpoint`` index, so a kill at any
 moment leaves the previous checkpoint as the latest, and a rerun resumes from it.
 """
 
 import contextlib
+import errno
 import os
-from typing import Iterator
+from typing import Iterator, Optional
 
 import tensorflow as tf
 
@@ -20,6 +22,9 @@ from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_model
 from cifar10_estimator.model.model_fn import NAN_LOSS_MESSAGE
+
+# Writes that found no room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def check_job_dir(job_dir: str, num_layers: int, resnet_version: int,
@@ -77,3 +82,32 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
         kept = f"the last good checkpoint, {latest}, is kept" if latest else "no checkpoint"
         raise UserError(f"training stopped: the loss became NaN or infinite; {kept}. Lower "
                         f"--learning-rate (or raise --weight-decay) and rerun") from None
+    except tf.errors.OpError as e:
+        reason = _full_disk(e.message)
+        if reason is None:
+            raise
+        raise UserError(_unwritable_checkpoint(job_dir, reason)) from None
+
+
+def _full_disk(message: str) -> Optional[str]:
+    """The OS's words for a write that found no room, if ``message`` has them."""
+    for code in _NO_ROOM:
+        if os.strerror(code) in message:
+            return os.strerror(code)
+    return None
+
+
+def _unwritable_checkpoint(job_dir: str, reason: str) -> str:
+    """Cleans up a failed save and says what is kept.
+
+    TensorFlow writes a checkpoint's shards under ``<prefix>_temp`` and only then its index and
+    the ``checkpoint`` file, so the previous checkpoint stays the latest; the partial shards
+    are removed to give the space back.
+    """
+    for partial in tf.io.gfile.glob(os.path.join(job_dir, "*_temp")):
+        tf.io.gfile.rmtree(partial)
+    latest = tf.train.latest_checkpoint(job_dir)
+    kept = (f"the latest checkpoint, {latest}, is kept" if latest
+            else "no checkpoint was written yet")
+    return (f"cannot write a checkpoint in --job-dir {job_dir} ({reason}); {kept}. Free space "
+            f"(or raise the quota) and rerun the same command to resume")

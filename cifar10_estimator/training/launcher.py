@@ -9,8 +9,10 @@
 
 ``Cluster`` starts one process per task, each running the trainer command line
 (``python -m cifar10_estimator`` + the trainer's flags) with its own ``TF_CONFIG``, and streams
-each task's output with a ``[chief]``, ``[worker0]``, ``[ps0]``, ``[evaluator]`` prefix. When a
-task fails, every other task is stopped. Training is done when the chief, the workers and the
+each task's output with a ``[chief]``, ``[worker0]``, ``[ps0]``, ``[evaluator]`` prefix. A task
+that a signal stopped (exit status 128 or more, e.g. 143 after SIGTERM) is started again, as
+Kubernetes' ExitCode restart policy does; when a task fails (status 1 to 127), every other task
+is stopped. Training is done when the chief, the workers and the
 evaluator have exited 0; parameter servers exit by themselves once every training task has
 reported (``distributed.run_parameter_server``) and are stopped if they linger. Every task
 shares the trainer's ``--job-dir``, as a real cluster must (on several hosts: shared storage).
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -145,15 +148,32 @@ class Cluster:
         cluster = json.loads(self.tasks[0].tf_config)["cluster"]
         self.say("cluster " + json.dumps(cluster))
         for task in self.tasks:
-            env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
-            task.process = subprocess.Popen(
-                [self.python, "-m", "cifar10_estimator", *self.trainer_args],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
-                start_new_session=True)
-            task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
-            task.reader.start()
-            self.say(f"started {task.name} (pid {task.process.pid})")
+            self._launch(task)
+
+    def _launch(self, task: Task) -> None:
+        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
+        task.process = subprocess.Popen(
+            [self.python, "-m", "cifar10_estimator", *self.trainer_args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
+            start_new_session=True)
+        task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
+        task.reader.start()
+        self.say(f"started {task.name} (pid {task.process.pid})")
+
+    def _restart_signalled(self) -> None:
+        """Starts again every task that a signal stopped (not the launcher): exit status 128 or
+        more (the trainer's own 143 after SIGTERM, 130 after SIGINT), or killed outright. This
+        is what Kubernetes' ExitCode restart policy does; the task resumes as after a restart."""
+        for task in self.tasks:
+            code = task.exit_code
+            if code is not None and (code >= 128 or code < 0) and not task.stopped:
+                how = (f"exit status {code}" if code > 0
+                       else f"killed by {signal.Signals(-code).name}")
+                self.say(f"{task.name} stopped by a signal ({how}): starting it again")
+                if task.reader:
+                    task.reader.join(timeout=5)
+                self._launch(task)
 
     def stop(self, tasks: Sequence[Task]) -> None:
         """SIGTERM, then SIGKILL after a grace period, for the running ``tasks``."""
@@ -185,6 +205,7 @@ class Cluster:
             while True:
                 time.sleep(_POLL_SECS)
                 now = time.monotonic()
+                self._restart_signalled()
                 bad = [t for t in self.tasks if t.exit_code not in (None, 0)]
                 if bad:
                     failed = f"{bad[0].name} failed with exit status {bad[0].exit_code}"

@@ -1,0 +1,133 @@
+"""SIGTERM and SIGINT in a task: a preempted run saves where it is and exits for a restart.
+
+Kubernetes evicting a pod, Slurm preempting a job and a spot VM being reclaimed all send
+SIGTERM, wait a grace period (Kubernetes: ``terminationGracePeriodSeconds``, 30 s by default)
+and then SIGKILL. A ``Preemption`` installed for the task turns the first SIGTERM or SIGINT into:
+
+- in a training session (a local run, the chief, a worker): the step in flight finishes (the
+  signal is handled when the step returns to Python), the training hook asks the session to
+  stop, and the session's checkpoint hook saves the current global step on the way out (only
+  the chief and a local run save; a worker's variables live on the parameter servers). A local
+  evaluation that would follow is not run.
+- anywhere else (start-up, an evaluation, the evaluator task, a parameter server, the export):
+  the process ends at once, after the callbacks given to ``before_exit`` (the log line, the
+  job dir's lock); nothing there is unsaved. It ends with ``os._exit`` from the handler rather
+  than an exception: the handler may run inside TensorFlow's C++ (a session polls for signals),
+  where an exception becomes a pybind11 ``RuntimeError`` instead of unwinding cleanly.
+
+The first signal also restores the signals' default action, so a second one ends the process
+at once, even in the middle of the save. The task then exits with status 128 + the signal's
+number (143 for SIGTERM), which Kubernetes' ``ExitCode`` restart policy and the local cluster
+launcher take for a restartable stop. ``install`` changes process-wide state: only commands call
+it, from the main thread.
+"""
+
+import logging
+import os
+import signal
+import sys
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from cifar10_estimator.errors import Stopped
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preemption:
+    """The signal state of one task, and the session hooks that act on it."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self.last_step: Optional[int] = None  # the global step after the last training step
+        self._training = False
+        self._evaluating = False
+        self._before_exit: list[Callable[[Stopped], None]] = []
+        self._previous: dict = {}
+
+    def before_exit(self, callback: Callable[[Stopped], None]) -> None:
+        """Runs ``callback`` before the process ends at once for a signal."""
+        self._before_exit.append(callback)
+
+    def install(self) -> "Preemption":
+        """Handles SIGTERM and SIGINT from now on (main thread only)."""
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def restore(self) -> None:
+        """Puts back the handlers ``install`` replaced (a command that returns to a caller)."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+            for other in SIGNALS:  # a second signal: the default action, at once
+                signal.signal(other, signal.SIG_DFL)
+        if self._training and not self._evaluating:
+            return  # the training hook stops the session after the step in flight
+        self._exit_now(Stopped(signum))
+
+    def _exit_now(self, stop: Stopped) -> None:
+        try:
+            for callback in reversed(self._before_exit):
+                callback(stop)
+        finally:
+            for handler in logging.getLogger("cifar10_estimator").handlers:
+                handler.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(stop.exit_status)
+
+    def check(self) -> None:
+        """Raises ``errors.Stopped`` if a signal came (after a session that stopped for it)."""
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+    def training_hook(self) -> tf.estimator.SessionRunHook:
+        """Stops a training session after the step in flight once a signal came."""
+        return _TrainingHook(self)
+
+    def evaluation_hook(self) -> tf.estimator.SessionRunHook:
+        """Marks an evaluation, which a signal ends at once (and which does not start after
+        one: a local run's final evaluation is skipped)."""
+        return _EvaluationHook(self)
+
+
+class _TrainingHook(tf.estimator.SessionRunHook):
+    def __init__(self, preemption: Preemption):
+        self._p = preemption
+
+    def begin(self):
+        self._step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        self._p._training = True
+        self._p.check()  # a signal during start-up
+
+    def before_run(self, run_context):
+        return tf.estimator.SessionRunArgs(self._step)
+
+    def after_run(self, run_context, run_values):
+        # The step read before the update: the step just run ends one later.
+        self._p.last_step = int(run_values.results) + 1
+        if self._p.signum is not None:
+            run_context.request_stop()
+
+    def end(self, session):
+        self._p._training = False
+
+
+class _EvaluationHook(tf.estimator.SessionRunHook):
+    def __init__(self, preemption: Preemption):
+        self._p = preemption
+
+    def begin(self):
+        self._p.check()
+        self._p._evaluating = True
+
+    def end(self, session):
+        self._p._evaluating = False

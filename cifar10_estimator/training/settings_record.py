@@ -1,0 +1,125 @@
+"""The job dir remembers its settings: ``JOB/settings.json``, and reruns checked against it.
+
+At a job's first start the chief (or a local run) writes the settings that define the run, the
+way TF Model Garden keeps a ``params.yaml`` beside its checkpoints: the model, the optimisation
+and its schedule, the batch size, the precision, augmentation and the data set. A rerun, a
+worker or an evaluator whose settings differ would silently train or evaluate something else
+on the same checkpoints, so it is refused with one line that names every differing flag with
+its recorded and its new value. ``--train-steps`` is not part of the record: raising it is how
+a finished run trains longer. A deliberate change is made with ``--change-settings`` on the
+chief, which records the new values (and logs what changed).
+
+The file is JSON with one flag per line, for people as much as for the package.
+"""
+
+import json
+import logging
+import os
+from typing import Any, Mapping, Optional
+
+from cifar10_estimator import __version__, fsutil
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.training.config import TrainConfig, flag
+
+log = logging.getLogger("cifar10_estimator")
+
+RECORD_FILE = "settings.json"
+# The TrainConfig fields that define a run (what the checkpoints mean). Not here: where things
+# are (folders), how the work is spread (devices, towers, threads, cluster waits), how often
+# things happen (checkpoints, evaluations, logs) and --train-steps.
+RUN_FIELDS = ("num_layers", "resnet_version", "train_batch_size", "learning_rate",
+              "lr_boundary_epochs", "lr_decay_factors", "momentum", "weight_decay",
+              "batch_norm_decay", "batch_norm_epsilon", "sync", "precision",
+              "use_distortion_for_training")
+# Facts of the data set, from its metadata (they are not flags: --data-dir decides them).
+DATA_FIELDS = ("dataset", "num_classes")
+
+
+def run_settings(config: TrainConfig, dataset: str, num_classes: int) -> dict[str, Any]:
+    """The values that define the run, as JSON values (``precision`` already resolved)."""
+    values: dict[str, Any] = {name: getattr(config, name) for name in RUN_FIELDS}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    values.update(dataset=dataset, num_classes=num_classes)
+    return values
+
+
+def read(job_dir: str) -> Optional[dict]:
+    """The recorded settings of ``job_dir``, or None if there are none yet."""
+    path = os.path.join(job_dir, RECORD_FILE)
+    try:
+        with open(path) as f:
+            body = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} cannot be read ({e}); restore it, or delete it to record "
+                        f"this run's settings anew") from None
+    settings = body.get("settings") if isinstance(body, dict) else None
+    if not isinstance(settings, dict):
+        raise UserError(f"{path} is not a settings record of this package; delete it to "
+                        f"record this run's settings anew")
+    return settings
+
+
+def write(job_dir: str, settings: Mapping[str, Any]) -> str:
+    """Records ``settings`` in ``job_dir`` (atomically); returns the file's path."""
+    path = os.path.join(job_dir, RECORD_FILE)
+    body = {"written_by": f"cifar10_estimator {__version__}", "settings": dict(settings)}
+    text = json.dumps(body, indent=2, sort_keys=True) + "\n"
+    fsutil.write_bytes_atomic(path, text.encode())
+    return path
+
+
+def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``--flag OLD (now NEW)`` for every recorded setting the current run changes."""
+    changed = []
+    for name, old in sorted(recorded.items()):
+        if name in current and current[name] != old:
+            label = flag(name) if name in RUN_FIELDS else f"the data set's {name}"
+            changed.append(f"{label} {_shown(old)} (now {_shown(current[name])})")
+    return changed
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check(job_dir: str, current: Mapping[str, Any], *, is_chief: bool,
+          change: bool = False) -> None:
+    """Checks the run against the job dir's record; the chief writes it if there is none.
+
+    Args:
+      job_dir: the job dir.
+      current: ``run_settings`` of this task.
+      is_chief: the chief (or a local run) records; other tasks only compare.
+      change: ``--change-settings``: the chief records the current values instead of
+        refusing them.
+
+    Raises:
+      UserError: the settings differ (one line naming each flag), or the record is unreadable.
+    """
+    recorded = read(job_dir)
+    path = os.path.join(job_dir, RECORD_FILE)
+    if recorded is None:
+        if is_chief:
+            write(job_dir, current)
+            log.info("recorded this run's settings in %s", path)
+        return
+    changed = differences(recorded, current)
+    if not changed:
+        missing = {k: v for k, v in current.items() if k not in recorded}
+        if missing and is_chief:  # a setting this version records and an older one did not
+            write(job_dir, {**recorded, **missing})
+        return
+    if change and is_chief:
+        write(job_dir, {**recorded, **current})
+        log.info("--change-settings: recorded the new settings in %s: %s", path,
+                 "; ".join(changed))
+        return
+    how = ("rerun with the recorded values, use a new --job-dir, or add --change-settings to "
+           "change them on purpose" if is_chief else
+           "start this task with the same flags as the chief")
+    raise UserError(f"--job-dir {job_dir} was trained with other settings ({RECORD_FILE}): "
+                    f"{'; '.join(changed)}; {how}")

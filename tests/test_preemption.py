@@ -1,0 +1,217 @@
+"""A preempted run loses nothing: real processes, real signals, default checkpoint cadence.
+
+With the default ``--save-checkpoints-secs 600`` none of these runs would write a checkpoint
+after step 0 by itself: every checkpoint past 0 below is the one the signal made.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator.training import launcher
+from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
+
+_STOPPED = re.compile(r"received (SIGTERM|SIGINT) at step (\d+): saved (\S+); rerun the same "
+                      r"command to resume")
+_PROGRESS = re.compile(r"step (\d+)/")
+
+
+def _env(tf_config: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["PYTHONUNBUFFERED"] = "1"
+    if tf_config:
+        env["TF_CONFIG"] = tf_config
+    return env
+
+
+class Trainer:
+    """``python -m cifar10_estimator`` in the background, its log in a file."""
+
+    def __init__(self, args: list[str], log, tf_config: str | None = None):
+        self.log = log
+        with open(log, "w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args],
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                            env=_env(tf_config))
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text()):
+            assert self.process.poll() is None, self.text()[-3000:]
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.text()[-3000:]}"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+def _flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
+    # Only the size of the run and the progress cadence differ from the defaults; the
+    # checkpoint and evaluation cadences are the defaults (600 s).
+    return ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, "--progress-secs", "1",
+            *extra]
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_mid_run_saves_the_current_step_and_exits_for_a_restart(
+        signum, status, tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
+    trainer.wait_for(r"step \d+/100000")
+    trainer.process.send_signal(signum)
+    assert trainer.finish() == status, trainer.text()[-3000:]
+    text = trainer.text()
+    stopped = _STOPPED.search(text)
+    assert stopped and stopped.group(1) == signal.Signals(signum).name, text[-3000:]
+    step = int(stopped.group(2))
+    latest = tf.train.latest_checkpoint(job_dir)
+    assert stopped.group(3) == latest and checkpoint_step(latest) == step > 0
+    assert step >= max(int(s) for s in _PROGRESS.findall(text))  # the step in flight is in it
+    tf.train.load_checkpoint(latest).get_tensor("resnet/dense/kernel")  # whole and readable
+    assert "evaluation at step" not in text  # no evaluation on the way out
+    assert "Traceback" not in text
+    if signum == signal.SIGTERM:
+        # The same command, training longer, resumes from the step the signal saved.
+        rerun = Trainer(_flags(data_dir, job_dir, "--train-steps", str(step + 3)),
+                        tmp_path / "rerun.log")
+        assert rerun.finish(120) == 0, rerun.text()[-3000:]
+        assert f"resuming from {latest}" in rerun.text()
+        assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == step + 3
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for the signal (``SigCgt`` of /proc/<pid>/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def test_a_second_signal_ends_the_process_at_once(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
+    trainer.wait_for(r"step \d+/100000")
+    pid = trainer.process.pid
+    assert _catches(pid, signal.SIGTERM)
+    trainer.process.send_signal(signal.SIGTERM)
+    while _catches(pid, signal.SIGTERM):  # until the first one is handled: save under way
+        time.sleep(0.001)
+    # Frozen wherever it is (the step, the save or the session's end), then the second signal.
+    trainer.process.send_signal(signal.SIGSTOP)
+    trainer.process.send_signal(signal.SIGTERM)
+    trainer.process.send_signal(signal.SIGCONT)
+    # The second signal's default action: killed by it, whatever the first one had begun.
+    assert trainer.finish() == -signal.SIGTERM, trainer.text()[-3000:]
+    latest = tf.train.latest_checkpoint(job_dir)
+    tf.train.load_checkpoint(latest).get_tensor("resnet/dense/kernel")  # still whole
+
+
+def test_a_parameter_server_stops_at_once_with_status_143(tmp_path):
+    ports = launcher.free_ports(2)
+    tf_config = json.dumps({"cluster": {"chief": [f"127.0.0.1:{ports[0]}"],
+                                        "ps": [f"127.0.0.1:{ports[1]}"]},
+                            "task": {"type": "ps", "index": 0}})
+    ps = Trainer([], tmp_path / "ps.log", tf_config)
+    ps.wait_for("parameter server 0 serving")
+    ps.process.send_signal(signal.SIGTERM)
+    assert ps.finish(30) == 143, ps.text()[-3000:]
+    assert "received SIGTERM: parameter server stopped" in ps.text()
+
+
+def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes(
+        tiny_records, tmp_path):
+    # What Kubernetes does with restartPolicy ExitCode: a task that exits with 143 is started
+    # again and carries on from the chief's checkpoints.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    log = tmp_path / "cluster.log"
+    with open(log, "w") as out:
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2",
+             "--evaluator", "--", *_flags(data_dir, job_dir, "--train-steps", "300",
+                                          "--max-worker-delay-secs", "0")],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=_env())
+    try:
+        deadline = time.monotonic() + 180
+        while not (re.search(r"\[chief\] .*step \d+/300", log.read_text())
+                   and re.search(r"\[worker0\] .*step \d+/300", log.read_text())):
+            assert cluster.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        pids = dict(re.findall(r"started (\w+) \(pid (\d+)\)", log.read_text()))
+        for name in ("chief", "worker0", "evaluator"):
+            os.kill(int(pids[name]), signal.SIGTERM)
+        assert cluster.wait(240) == 0, log.read_text()[-4000:]
+    finally:
+        if cluster.poll() is None:
+            cluster.kill()
+    text = log.read_text()
+    for name in ("chief", "worker0", "evaluator"):
+        assert f"[cluster] {name} stopped by a signal (exit status 143): starting it again" in text
+    assert re.search(r"\[chief\] .*received SIGTERM at step \d+: saved ", text)
+    assert re.search(r"\[worker0\] .*received SIGTERM at step \d+: worker stopped", text)
+    assert "[evaluator] " in text and "received SIGTERM: evaluator stopped" in text
+    assert re.search(r"\[chief\] .*resuming from ", text)
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 300
+
+
+def _small_file_system_available() -> str:
+    """'' if this machine lets an unprivileged process mount its own tmpfs, else why not."""
+    if not shutil.which("unshare"):
+        return "no unshare command"
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True,
+                           text=True)
+    return "" if probe.returncode == 0 else f"cannot mount a tmpfs here: {probe.stderr.strip()}"
+
+
+@pytest.mark.skipif(bool(_small_file_system_available()),
+                    reason=_small_file_system_available() or "available")
+def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
+        tiny_records, tmp_path):
+    # A 3 MB file system of the job's own: the step-0 checkpoint and the graph fit, and a few
+    # checkpoints of ResNet-8 (about 0.6 MB each) fill it.
+    data_dir, _ = tiny_records
+    job_dir, kept = tmp_path / "job", tmp_path / "kept"
+    job_dir.mkdir()
+    flags = _flags(data_dir, str(job_dir), "--train-steps", "400", "--save-checkpoints-steps",
+                   "20")
+    command = " ".join([sys.executable, "-m", "cifar10_estimator", *flags])
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size=3m tmpfs {job_dir} && {command}; status=$?; "
+         f"cp -a {job_dir}/. {kept}/; exit $status"],
+        capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    match = re.fullmatch(r"cifar10_estimator: error: cannot write a checkpoint in --job-dir "
+                         r"\S+ \(No space left on device\); the latest checkpoint, (\S+), is "
+                         r"kept\. Free space \(or raise the quota\) and rerun the same command "
+                         r"to resume", line)
+    assert match, line
+    latest = tf.train.latest_checkpoint(str(kept))
+    assert os.path.basename(latest) == os.path.basename(match.group(1))
+    assert checkpoint_step(latest) > 0
+    assert not [p for p in os.listdir(kept) if p.endswith("_temp")]  # partial shards removed
+    # It loads: the same command, with room, resumes from it.
+    rerun = subprocess.run([sys.executable, "-m", "cifar10_estimator",
+                            *_flags(data_dir, str(kept), "--train-steps",
+                                    str(checkpoint_step(latest) + 2))],
+                           capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming from {latest}" in rerun.stderr
