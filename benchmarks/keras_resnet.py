@@ -28,7 +28,7 @@ import time
 from machine import print_machine_line
 
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.model.params import depth_problem
+from cifar10_estimator.model import params
 from cifar10_estimator.training import cpu
 from cifar10_estimator.training.precision import resolve_precision
 
@@ -54,10 +54,10 @@ POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}
 
 def blocks_per_stage(depth: int) -> int:
     """n for a ResNet of depth 6n+2 (the package's rule); UserError naming --depth else."""
-    problem = depth_problem(depth)
-    if problem:
-        raise UserError(f"--depth {problem}")
-    return (depth - 2) // 6
+    try:
+        return params.blocks_per_stage(depth)
+    except ValueError as e:
+        raise UserError(f"--depth: {e}") from None
 
 
 def expected_params(depth: int) -> int:

@@ -5,8 +5,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,7 +12,7 @@ import tensorflow as tf
 
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training import job_lock, settings_record
-from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
+from trainer_fixtures import TINY_FLAGS, Trainer, checkpoint_step, run_module
 
 
 def _flags(data_dir, job_dir, *extra):
@@ -32,16 +30,10 @@ def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_not
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "cifar10_estimator",
-                                  *_flags(data_dir, job_dir, "--train-steps", "100000")],
-                                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
+    first = trainer.process
     try:
-        deadline = time.monotonic() + 120
-        while not re.search(r"step \d+/100000", log.read_text()):
-            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        trainer.wait_for(r"step \d+/100000")
         before = sorted(os.listdir(job_dir))
         started = time.monotonic()
         second = run_module("cifar10_estimator", *_flags(data_dir, job_dir, "--train-steps", "5"))
@@ -66,15 +58,9 @@ def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_not
 def test_a_lock_left_by_a_killed_trainer_never_blocks_the_rerun(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "cifar10_estimator",
-                                  *_flags(data_dir, job_dir, "--train-steps", "100000")],
-                                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    deadline = time.monotonic() + 120
-    while not re.search(r"step \d+/100000", log.read_text()):
-        assert first.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
+    first = trainer.process
+    trainer.wait_for(r"step \d+/100000")
     first.kill()  # SIGKILL: no chance to release the lock
     first.wait()
     assert (job_dir / job_lock.LOCK_FILE).exists()

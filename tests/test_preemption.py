@@ -17,47 +17,11 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.training import launcher
-from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
+from trainer_fixtures import REPO, TINY_FLAGS, Trainer, checkpoint_step, trainer_env
 
 _STOPPED = re.compile(r"received (SIGTERM|SIGINT) at step (\d+): saved (\S+); rerun the same "
                       r"command to resume")
 _PROGRESS = re.compile(r"step (\d+)/")
-
-
-def _env(tf_config: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["PYTHONUNBUFFERED"] = "1"
-    if tf_config:
-        env["TF_CONFIG"] = tf_config
-    return env
-
-
-class Trainer:
-    """``python -m cifar10_estimator`` in the background, its log in a file."""
-
-    def __init__(self, args: list[str], log, tf_config: str | None = None):
-        self.log = log
-        with open(log, "w") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args],
-                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                            env=_env(tf_config))
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for(self, pattern: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.text()):
-            assert self.process.poll() is None, self.text()[-3000:]
-            assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.text()[-3000:]}"
-            time.sleep(0.1)
-
-    def finish(self, timeout: float = 60) -> int:
-        try:
-            return self.process.wait(timeout)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
 
 
 def _flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
@@ -146,7 +110,7 @@ def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes
             [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2",
              "--evaluator", "--", *_flags(data_dir, job_dir, "--train-steps", "300",
                                           "--max-worker-delay-secs", "0")],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=_env())
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=trainer_env())
     try:
         deadline = time.monotonic() + 180
         while not (re.search(r"\[chief\] .*step \d+/300", log.read_text())
@@ -196,7 +160,7 @@ def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
          f"mount -t tmpfs -o size=3m tmpfs {job_dir} && {command}; status=$?; "
          f"cp -a {job_dir}/. {kept}/; exit $status"],
-        capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
+        capture_output=True, text=True, cwd=REPO, env=trainer_env(), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
     match = re.fullmatch(r"cifar10_estimator: error: cannot write a checkpoint in --job-dir "
@@ -212,6 +176,6 @@ def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
     rerun = subprocess.run([sys.executable, "-m", "cifar10_estimator",
                             *_flags(data_dir, str(kept), "--train-steps",
                                     str(checkpoint_step(latest) + 2))],
-                           capture_output=True, text=True, cwd=REPO, env=_env(), timeout=300)
+                           capture_output=True, text=True, cwd=REPO, env=trainer_env(), timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from {latest}" in rerun.stderr

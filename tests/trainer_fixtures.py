@@ -1,9 +1,11 @@
 """Fixtures for the trainer's tests: tiny record sets in the real schema, tiny configs."""
 
 import os
+import re
 import struct
 import subprocess
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -86,3 +88,40 @@ def bomb_png(width: int, height: int) -> bytes:
     return (b"\x89PNG\r\n\x1a\n"
             + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def trainer_env(tf_config: str | None = None) -> dict:
+    """This environment without a stray TF_CONFIG (or with the given one), unbuffered."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["PYTHONUNBUFFERED"] = "1"
+    if tf_config:
+        env["TF_CONFIG"] = tf_config
+    return env
+
+
+class Trainer:
+    """``python -m cifar10_estimator`` in the background, its log in a file."""
+
+    def __init__(self, args: list[str], log, tf_config: str | None = None):
+        self.log = log
+        with open(log, "w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args],
+                                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                            env=trainer_env(tf_config))
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text()):
+            assert self.process.poll() is None, self.text()[-3000:]
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.text()[-3000:]}"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
