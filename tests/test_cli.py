@@ -22,6 +22,11 @@ from trainer_fixtures import TINY_FLAGS, run_module
     (["--lr-boundary-epochs", "5,3,7"], "--lr-boundary-epochs must be positive and strictly"),
     (["--lr-decay-factors", "1,0.1"], "--lr-decay-factors needs exactly one more value"),
     (["--momentum", "1.5"], "--momentum must be in [0, 1)"),
+    (["--train-steps", "5", "--train-epochs", "2"], "--train-steps and --train-epochs exclude"),
+    (["--train-epochs", "0"], "--train-epochs must be positive"),
+    (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1)"),
+    (["--lr-schedule", "cosine", "--train-epochs", "2", "--warmup-epochs", "2"],
+     "--warmup-epochs 2 leaves nothing of the 2 --train-epochs"),
 ])
 def test_invalid_flags_give_one_line_naming_the_flag_and_write_nothing(
         flags, message, tiny_records, tmp_path, capsys):

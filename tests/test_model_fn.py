@@ -1,6 +1,7 @@
 """model_fn in every mode, and the learning-rate schedule."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from cifar10_estimator.model import model_fn, schedules
@@ -61,13 +62,68 @@ def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
         assert graph.get_tensor_by_name(model_fn.LEARNING_RATE_TENSOR).shape == ()
 
 
-def test_learning_rate_is_piecewise_at_epoch_boundaries():
-    params = ModelParams(learning_rate=0.1)
+def _rates(params: ModelParams, steps, steps_per_epoch=10, total_steps=1000):
     with tf.Graph().as_default():
         step = tf.compat.v1.placeholder(tf.int64, [])
-        lr = schedules.learning_rate_schedule(step, params.learning_rate,
-                                              params.lr_boundary_epochs,
-                                              params.lr_decay_factors, steps_per_epoch=10)
+        lr = schedules.learning_rate(step, params, steps_per_epoch, total_steps)
         with tf.compat.v1.Session() as sess:
-            got = [sess.run(lr, {step: s}) for s in (0, 820, 821, 1230, 1231, 3000, 3001)]
+            return [float(sess.run(lr, {step: s})) for s in steps]
+
+
+def test_learning_rate_is_piecewise_at_epoch_boundaries():
+    got = _rates(ModelParams(learning_rate=0.1), (0, 820, 821, 1230, 1231, 3000, 3001))
     np.testing.assert_allclose(got, [0.1, 0.1, 0.01, 0.01, 0.001, 0.001, 0.0002], rtol=1e-6)
+
+
+def test_warm_up_rises_linearly_to_the_peak_then_the_schedule_runs():
+    # 2 warm-up epochs of 10 steps: (step + 1) / 20 of the peak, the peak from step 19 on.
+    got = _rates(ModelParams(learning_rate=0.4, warmup_epochs=2), (0, 9, 19, 500, 821))
+    np.testing.assert_allclose(got, [0.02, 0.2, 0.4, 0.4, 0.04], rtol=1e-6)
+
+
+def test_cosine_spans_the_run_from_the_peak_to_zero_after_its_warm_up():
+    params = ModelParams(learning_rate=0.2, lr_schedule="cosine", warmup_epochs=1)
+    got = _rates(params, (4, 10, 505, 1000), total_steps=1000)
+    # Warm-up over 10 steps, then half a cosine over the remaining 990.
+    np.testing.assert_allclose(got, [0.1, 0.2, 0.1, 0.0], rtol=1e-5, atol=1e-7)
+
+
+def test_one_cycle_rises_from_a_25th_of_the_peak_and_ends_near_zero():
+    params = ModelParams(learning_rate=0.5, lr_schedule="one-cycle")
+    # 30 % of 1,000 steps rising: 0.02 at step 0, 0.5 at 300, halfway down at 650.
+    got = _rates(params, (0, 150, 300, 650, 1000), total_steps=1000)
+    end = 0.5 / 250_000
+    np.testing.assert_allclose(got, [0.02, 0.26, 0.5, (0.5 + end) / 2, end], rtol=1e-5)
+    # --warmup-epochs sets the rise: 5 epochs of 10 steps.
+    assert _rates(ModelParams(learning_rate=0.5, lr_schedule="one-cycle", warmup_epochs=5),
+                  (50,))[0] == pytest.approx(0.5)
+
+
+def test_label_smoothing_spreads_the_target_in_training_only():
+    e, num = 0.1, 10
+    labels = np.array([1, 3, 5, 7], np.int32)
+    images = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype(np.float32)
+    settings = model_fn.ModelSettings(ModelParams(num_layers=8, label_smoothing=e))
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("resnet"):
+            logits, smoothed, _ = model_fn._tower(images, tf.constant(labels), True, settings,
+                                                  0.9)
+        with tf.compat.v1.variable_scope("resnet", reuse=True):
+            eval_logits, plain, _ = model_fn._tower(images, tf.constant(labels), False,
+                                                    settings, 0.9)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got = sess.run({"logits": logits, "smoothed": smoothed, "eval_logits": eval_logits,
+                            "plain": plain})
+
+    def log_softmax(x):
+        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+    # The target: 1 - e on the true class plus e spread evenly over all classes.
+    target = np.full((4, num), e / num)
+    target[np.arange(4), labels] += 1 - e
+    np.testing.assert_allclose(got["smoothed"], -(target * log_softmax(got["logits"])).sum(1),
+                               rtol=1e-5)
+    # Evaluation reports the plain cross-entropy of the true class.
+    np.testing.assert_allclose(got["plain"],
+                               -log_softmax(got["eval_logits"])[np.arange(4), labels], rtol=1e-5)

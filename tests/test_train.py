@@ -120,3 +120,16 @@ def test_rerunning_after_a_killed_run_resumes_from_the_last_checkpoint(tiny_reco
     assert f"resuming from {job_dir}/model.ckpt-{killed_at}" in rerun.stderr
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == killed_at + 5
     assert f"final evaluation at step {killed_at + 5}" in rerun.stderr
+
+
+def test_train_epochs_sets_the_length_and_cosine_spans_it(tiny_records, tmp_path):
+    # 96 records at batch 8: 12 steps an epoch, so 1.5 epochs are 18 global steps.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
+                      *TINY_FLAGS, "--train-epochs", "1.5", "--lr-schedule", "cosine",
+                      "--warmup-epochs", "0.5", "--label-smoothing", "0.1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "12 steps per epoch, 18 steps in all (1.5 epochs), cosine learning rate" in proc.stderr
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 18
+    assert re.search(r"evaluation at step 18: accuracy = ", proc.stderr)

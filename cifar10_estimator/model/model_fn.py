@@ -37,6 +37,7 @@ class ModelSettings:
     data_format: str = "channels_last"
     # Global steps per epoch = train records // (worker batch x workers); drives the schedule.
     steps_per_epoch: int = 1
+    total_steps: int = 1  # the global step training ends at: cosine and one-cycle span it
     devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
     num_workers: int = 1
     is_chief: bool = True
@@ -71,8 +72,14 @@ def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
         compute_dtype=tf.as_dtype(s.compute_dtype))
     if labels is None:
         return logits, None, None
-    xent = tf.compat.v1.losses.sparse_softmax_cross_entropy(
-        labels, logits, reduction=tf.compat.v1.losses.Reduction.NONE)
+    if is_training and p.label_smoothing > 0:
+        # Evaluation reports the plain cross-entropy: smoothing regularises training only.
+        xent = tf.compat.v1.losses.softmax_cross_entropy(
+            tf.one_hot(labels, s.num_classes), logits, label_smoothing=p.label_smoothing,
+            reduction=tf.compat.v1.losses.Reduction.NONE)
+    else:
+        xent = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+            labels, logits, reduction=tf.compat.v1.losses.Reduction.NONE)
     # The tutorial's L2 term covers every trainable variable (batch-norm scales and the dense
     # bias included); l2_loss is half the squared norm.
     l2 = p.weight_decay * tf.math.add_n(
@@ -145,9 +152,9 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
 
 def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelSettings):
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    learning_rate = tf.identity(schedules.learning_rate_schedule(
-        global_step, s.params.learning_rate, s.params.lr_boundary_epochs,
-        s.params.lr_decay_factors, s.steps_per_epoch), name=LEARNING_RATE_TENSOR.split(":")[0])
+    learning_rate = tf.identity(
+        schedules.learning_rate(global_step, s.params, s.steps_per_epoch, s.total_steps),
+        name=LEARNING_RATE_TENSOR.split(":")[0])
     accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)), tf.float32),
                               name="train_accuracy_value")
     cross_entropy = tf.reduce_mean(tf.concat(built.cross_entropy, axis=0),

@@ -56,7 +56,19 @@ class ModelParams:
     momentum: float = setting(0.9, "momentum of the SGD optimizer")
     weight_decay: float = setting(2e-4, "L2 coefficient applied to all trainable variables")
     learning_rate: float = setting(
-        0.1, "base learning rate; multiplied by --lr-decay-factors at --lr-boundary-epochs")
+        0.1, "peak learning rate: the base of the piecewise schedule (multiplied by "
+             "--lr-decay-factors at --lr-boundary-epochs), the start of cosine decay, the top "
+             "of the one-cycle")
+    lr_schedule: str = setting(
+        "piecewise", "piecewise: the paper's drops at --lr-boundary-epochs; cosine: from the "
+                     "peak down to 0 at the end of the run (Loshchilov and Hutter 2017); "
+                     "one-cycle: up from peak/25 to the peak, then down to peak/250000 at the "
+                     "end (Smith and Topin 2017)",
+        choices=("piecewise", "cosine", "one-cycle"))
+    warmup_epochs: float = setting(
+        0.0, "epochs of linear warm-up from 0 to the peak rate before the schedule (Goyal et "
+             "al. 2017); for one-cycle, the length of its rising half (default: 30%% of the "
+             "run)")
     lr_boundary_epochs: tuple[float, ...] = setting(
         (82, 123, 300), "epochs at which the learning rate drops (comma-separated, fractions "
                         "allowed); the schedule of tensorpack's cifar10-resnet that the "
@@ -67,6 +79,9 @@ class ModelParams:
         0.997, "batch-norm moving-average decay; the decay used at step t is "
                "min(decay, (1+t)/(10+t)), so short runs evaluate right")
     batch_norm_epsilon: float = setting(1e-5, "batch-norm epsilon")
+    label_smoothing: float = setting(
+        0.0, "label smoothing of the training loss, in [0, 1): the target puts 1 - e on the "
+             "true class and e spread over all classes (Szegedy et al. 2016); 0 is off")
     variable_strategy: str = setting(
         "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
                "GPUs by byte size", choices=("CPU", "GPU"))

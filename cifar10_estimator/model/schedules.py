@@ -1,22 +1,60 @@
-"""Values that change with the global step: the learning rate and the batch-norm decay."""
+"""Values that change with the global step: the learning rate and the batch-norm decay.
 
-from typing import Sequence
+Learning-rate schedules, all counted in global steps and epochs of the training file:
+
+- ``piecewise``: the paper's; the peak rate times one factor per phase, changing at epoch
+  boundaries (He et al. 2015, section 4.2, by way of tensorpack's cifar10-resnet).
+- ``cosine``: half a cosine from the peak down to 0 at the run's last step (Loshchilov and
+  Hutter 2017, "SGDR", arXiv:1608.03983, without restarts).
+- ``one-cycle``: linear up from peak / 25 to the peak, then half a cosine down to
+  peak / 250,000 at the last step (Smith and Topin 2017, "Super-Convergence",
+  arXiv:1708.07120; the 25 and the 1e4 after it are PyTorch's ``OneCycleLR`` defaults, its
+  ``div_factor`` and ``final_div_factor``, and 30 % rising its ``pct_start``).
+
+A warm-up (``warmup_epochs``) rises linearly from 0 to the peak before ``piecewise`` and
+``cosine`` (Goyal et al. 2017, "Accurate, Large Minibatch SGD", arXiv:1706.02677); for
+``one-cycle`` it sets the length of the rise.
+"""
+
+import math
 
 import tensorflow as tf
 
+from cifar10_estimator.model.params import ModelParams
 
-def learning_rate_schedule(global_step: tf.Tensor, learning_rate: float,
-                           boundary_epochs: Sequence[float], decay_factors: Sequence[float],
-                           steps_per_epoch: int) -> tf.Tensor:
-    """Piecewise-constant learning rate: base x factor[i] from epoch boundary[i-1] on.
+ONE_CYCLE_START_DIVISOR = 25.0  # PyTorch OneCycleLR's div_factor
+ONE_CYCLE_END_DIVISOR = ONE_CYCLE_START_DIVISOR * 1e4  # ... and its final_div_factor
+ONE_CYCLE_RISE = 0.3  # ... and its pct_start: the rising share of the run
 
-    The tutorial took tensorpack's cifar10-resnet schedule: x1, 0.1, 0.01, 0.002 at epochs 82,
-    123 and 300 (82 and 123 epochs are the paper's 32k and 48k iterations at batch 128 on 45k
-    images, He et al. 2015, section 4.2).
-    """
-    boundaries = [int(steps_per_epoch * e) for e in boundary_epochs]
-    values = [learning_rate * f for f in decay_factors]
-    return tf.compat.v1.train.piecewise_constant(global_step, boundaries, values)
+
+def learning_rate(global_step: tf.Tensor, params: ModelParams, steps_per_epoch: int,
+                  total_steps: int) -> tf.Tensor:
+    """The learning rate at ``global_step`` of a run of ``total_steps`` global steps."""
+    step = tf.cast(global_step, tf.float32)
+    peak = params.learning_rate
+    warmup = params.warmup_epochs * steps_per_epoch
+    if params.lr_schedule == "one-cycle":
+        return _one_cycle(step, peak, warmup or ONE_CYCLE_RISE * total_steps, total_steps)
+    if params.lr_schedule == "cosine":
+        progress = tf.clip_by_value((step - warmup) / max(total_steps - warmup, 1.0), 0.0, 1.0)
+        rate = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
+    else:
+        boundaries = [int(steps_per_epoch * e) for e in params.lr_boundary_epochs]
+        values = [peak * f for f in params.lr_decay_factors]
+        rate = tf.cast(tf.compat.v1.train.piecewise_constant(global_step, boundaries, values),
+                       tf.float32)
+    if warmup > 0:
+        # Step 0 already trains: (step + 1) / warmup reaches the peak at the warm-up's end.
+        rate *= tf.minimum(1.0, (step + 1.0) / warmup)
+    return rate
+
+
+def _one_cycle(step: tf.Tensor, peak: float, rise: float, total: int) -> tf.Tensor:
+    start, end = peak / ONE_CYCLE_START_DIVISOR, peak / ONE_CYCLE_END_DIVISOR
+    up = start + (peak - start) * tf.minimum(step / max(rise, 1.0), 1.0)
+    progress = tf.clip_by_value((step - rise) / max(total - rise, 1.0), 0.0, 1.0)
+    down = end + (peak - end) * 0.5 * (1.0 + tf.cos(math.pi * progress))
+    return tf.where(step < rise, up, down)
 
 
 def batch_norm_decay_schedule(global_step: tf.Tensor, decay: float) -> tf.Tensor:

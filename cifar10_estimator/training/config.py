@@ -15,6 +15,9 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.params import ModelParams, depth_problem
 from cifar10_estimator.model.params import setting as _field
 
+# The tutorial's length: 80,000 steps of batch 128 on 45,000 images (the paper stopped at 64k).
+DEFAULT_TRAIN_STEPS = 80_000
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(ModelParams):
@@ -29,7 +32,13 @@ class TrainConfig(ModelParams):
     num_cpu_towers: int = _field(
         1, "with --num-gpus 0: towers on this many logical CPU devices (to exercise the "
            "multi-tower path without GPUs)")
-    train_steps: int = _field(80_000, "global step at which training stops")
+    train_steps: Optional[int] = _field(
+        None, f"global step at which training stops (default {DEFAULT_TRAIN_STEPS:,} unless "
+              f"--train-epochs is given)")
+    train_epochs: Optional[float] = _field(
+        None, "train this many epochs of the training file instead of --train-steps (an "
+              "epoch counted as the schedule counts it: train records // batch, times the "
+              "workers with --sync); fractions allowed")
     eval_batch_size: int = _field(100, "images per evaluation step, split over the towers")
     use_distortion_for_training: bool = _field(
         True, "pad, random-crop and flip training images (true/false)")
@@ -118,6 +127,12 @@ def _check_ranges(config: TrainConfig) -> None:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise UserError(f"{flag(name)} must be 1 or more, got {value}")
+    if config.train_epochs is not None and not config.train_epochs > 0:
+        raise UserError(f"--train-epochs must be positive, got {config.train_epochs}")
+    if not 0 <= config.warmup_epochs:
+        raise UserError(f"--warmup-epochs must be 0 or more, got {config.warmup_epochs}")
+    if not 0 <= config.label_smoothing < 1:
+        raise UserError(f"--label-smoothing must be in [0, 1), got {config.label_smoothing}")
     for name in ("learning_rate", "batch_norm_epsilon", "progress_secs"):
         if not getattr(config, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(config, name)}")
@@ -139,6 +154,13 @@ def _check_schedule(config: TrainConfig) -> None:
     if config.save_checkpoints_steps is not None and config.save_checkpoints_secs is not None:
         raise UserError("--save-checkpoints-steps and --save-checkpoints-secs exclude each "
                         "other; give one")
+    if config.train_steps is not None and config.train_epochs is not None:
+        raise UserError("--train-steps and --train-epochs exclude each other; give one")
+    if (config.lr_schedule != "piecewise" and config.train_epochs is not None
+            and config.warmup_epochs >= config.train_epochs):
+        raise UserError(f"--warmup-epochs {config.warmup_epochs:g} leaves nothing of the "
+                        f"{config.train_epochs:g} --train-epochs for the {config.lr_schedule} "
+                        f"schedule; use fewer warm-up epochs")
 
 
 def _check_devices(config: TrainConfig, num_visible_gpus: int, onednn_enabled: bool) -> None:

@@ -19,6 +19,7 @@ in a cluster, the evaluator) also exports each evaluation that beats the best so
 import contextlib
 import dataclasses
 import logging
+import math
 from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
@@ -35,7 +36,7 @@ from cifar10_estimator.training import (cpu, distributed, evaluator, guards, pre
                                         report, settings_record)
 from cifar10_estimator.training.job_lock import JobLock
 from cifar10_estimator.training.preemption import Preemption
-from cifar10_estimator.training.config import TrainConfig, validate
+from cifar10_estimator.training.config import DEFAULT_TRAIN_STEPS, TrainConfig, validate
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -140,11 +141,17 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
         raise ValueError(f"precision {config.precision!r} must be resolved to fp32 or bf16 "
                          f"first (precision.resolve_precision)")
     per_global_step = config.train_batch_size * (num_workers if config.sync else 1)
+    steps_per_epoch = max(1, train_records // per_global_step)
+    total_steps = config.train_steps
+    if total_steps is None:
+        total_steps = (math.ceil(config.train_epochs * steps_per_epoch)
+                       if config.train_epochs is not None else DEFAULT_TRAIN_STEPS)
     return ModelSettings(
         params=ModelParams(**{f.name: getattr(config, f.name)
                               for f in dataclasses.fields(ModelParams)}),
         data_format=config.resolved_data_format(),
-        steps_per_epoch=max(1, train_records // per_global_step),
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
         devices=tuple(towers.tower_devices(config.num_gpus, config.num_cpu_towers)),
         num_workers=num_workers,
         is_chief=is_chief,
@@ -194,13 +201,17 @@ def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
     train_records = train_data.num_examples()
     num_workers = rc.num_worker_replicas or 1
     settings = model_settings(config, num_workers, rc.is_chief, train_records, info.class_names)
+    # From here on the run's length is in global steps, whichever flag gave it.
+    config = dataclasses.replace(config, train_steps=settings.total_steps)
     job = _Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
                preemption)
     _log_role(job)
     log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
-             "%d steps per epoch", config.num_layers, config.resnet_version,
-             settings.data_format, ", ".join(settings.devices), num_workers, info.dataset,
-             info.num_classes, train_records, settings.steps_per_epoch)
+             "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate",
+             config.num_layers, config.resnet_version, settings.data_format,
+             ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
+             train_records, settings.steps_per_epoch, settings.total_steps,
+             settings.total_steps / settings.steps_per_epoch, config.lr_schedule)
     return job
 
 
