@@ -127,3 +127,31 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     # Evaluation reports the plain cross-entropy of the true class.
     np.testing.assert_allclose(got["plain"],
                                -log_softmax(got["eval_logits"])[np.arange(4), labels], rtol=1e-5)
+
+
+def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
+    decay = 0.8
+    settings = model_fn.ModelSettings(ModelParams(num_layers=8, moving_average_decay=decay),
+                                      steps_per_epoch=10)
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, 8).astype(np.int32)
+    with tf.Graph().as_default():
+        spec = model_fn.make_model_fn(settings)({"image": tf.constant(images)},
+                                                tf.constant(labels), ModeKeys.TRAIN)
+        by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        weight = by_name["resnet/dense/bias"]
+        shadow = by_name["resnet/dense/bias/ExponentialMovingAverage"]
+        step = tf.compat.v1.train.get_global_step()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            expected = sess.run(weight)  # the shadow starts at the weight's initial value
+            np.testing.assert_allclose(sess.run(shadow), expected)
+            for _ in range(4):
+                sess.run(spec.train_op)
+                t, w, got = sess.run([step, weight, shadow])
+                # ExponentialMovingAverage with num_updates=global step: the decay warms up.
+                d = min(decay, (1 + t) / (10 + t))
+                expected = d * expected + (1 - d) * w
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+            assert not np.allclose(got, w)  # an average, not the weight itself

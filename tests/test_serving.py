@@ -258,3 +258,23 @@ def test_without_the_serving_package_the_export_says_so_and_skips_warmup(exporte
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WARMUP False" in proc.stdout
     assert "install the optional tensorflow-serving-api package" in proc.stderr
+
+
+def test_with_a_moving_average_the_export_serves_the_averaged_weights(tiny_records, tmp_path):
+    data_dir, rows = tiny_records
+    job_dir = str(tmp_path / "job")
+    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
+                        "--train-steps", "12", "--moving-average-decay", "0.5",
+                        "--eval-throttle-secs", "100000"])
+    records = tf.constant([r.numpy() for r in tf.data.TFRecordDataset(
+        schema.record_path(data_dir, "eval"))])
+    served = tf.saved_model.load(result.export_path).signatures["serving_examples"](
+        examples=records)
+    # The export's accuracy is the final evaluation's: both use the averaged weights.
+    accuracy = np.mean(served["classes"].numpy() == rows["eval"][1])
+    assert accuracy == pytest.approx(result.eval_metrics["accuracy"], abs=1e-6)
+    # The same checkpoint exported with its raw weights gives other probabilities.
+    raw = export.export_saved_model(model_fn.ModelSettings(ModelParams(num_layers=8)),
+                                    tf.train.latest_checkpoint(job_dir), str(tmp_path / "raw"))
+    raw_served = tf.saved_model.load(raw).signatures["serving_examples"](examples=records)
+    assert not np.allclose(raw_served["probabilities"], served["probabilities"], atol=1e-4)

@@ -11,7 +11,7 @@ that hooks outside the model (the trainer's progress lines) can fetch them.
 
 import dataclasses
 import logging
-from typing import Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -126,13 +126,41 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
     return built
 
 
+def moving_average(s: ModelSettings, global_step=None
+                   ) -> Optional[tf.compat.v1.train.ExponentialMovingAverage]:
+    """The weights' exponential moving average, None when ``moving_average_decay`` is 0.
+
+    Its shadows are ``<variable>/ExponentialMovingAverage`` in the checkpoints; with
+    ``num_updates`` (the global step) the decay starts low and grows to the one asked for.
+    """
+    if not s.params.moving_average_decay:
+        return None
+    return tf.compat.v1.train.ExponentialMovingAverage(s.params.moving_average_decay,
+                                                       num_updates=global_step)
+
+
+def _averaged_weights_scaffold(s: ModelSettings) -> Optional[tf.compat.v1.train.Scaffold]:
+    """Evaluation and prediction read the averaged weights into the model's variables (as the
+    original CIFAR-10 tutorial's cifar10_eval.py did); None without an average."""
+    average = moving_average(s)
+    if average is None:
+        return None
+    return tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver(
+        average.variables_to_restore(), sharded=True))
+
+
 def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings):
-    """One optimizer update from the towers' averaged gradients; and the hooks it needs."""
+    """One optimizer update from the towers' averaged gradients (then the weights' moving
+    average, if on); and the hooks it needs."""
     optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.params.momentum)
     hooks = []
+    average = moving_average(s, global_step)
+    weights = tf.compat.v1.trainable_variables()
     if s.params.sync:
+        # The chief applies the average after each aggregated update, once per global step.
         optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
-            optimizer, replicas_to_aggregate=s.num_workers, total_num_replicas=s.num_workers)
+            optimizer, replicas_to_aggregate=s.num_workers, total_num_replicas=s.num_workers,
+            variable_averages=average, variables_to_average=weights if average else None)
         log.info("synchronous updates: SyncReplicasOptimizer with replicas_to_aggregate=%d",
                  s.num_workers)
         # Every worker needs the hook (the chief's also applies the aggregated gradients).
@@ -147,6 +175,9 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
     # first) may already have saved the NaN weights.
     with tf.control_dependencies([tf.debugging.check_numerics(loss, NAN_LOSS_MESSAGE)]):
         apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
+    if average is not None and not s.params.sync:
+        with tf.control_dependencies([apply_op]):  # the average of the updated weights
+            apply_op = average.apply(weights)
     return tf.group(apply_op, *built.update_ops), hooks
 
 
@@ -183,7 +214,7 @@ def make_model_fn(s: ModelSettings):
                            "probabilities": tf.nn.softmax(logits, name="probabilities")}
             if mode == tf.estimator.ModeKeys.PREDICT:
                 return tf.estimator.EstimatorSpec(
-                    mode, predictions=predictions,
+                    mode, predictions=predictions, scaffold=_averaged_weights_scaffold(s),
                     export_outputs={PREDICT_SIGNATURE:
                                     tf.estimator.export.PredictOutput(predictions)})
             loss = tf.reduce_mean(built.losses, name=LOSS_TENSOR.split(":")[0])
@@ -191,6 +222,7 @@ def make_model_fn(s: ModelSettings):
                 weight = features.get("weight") if isinstance(features, dict) else None
                 return tf.estimator.EstimatorSpec(
                     mode, predictions=predictions, loss=loss,
+                    scaffold=_averaged_weights_scaffold(s),
                     eval_metric_ops=metrics.eval_metrics(
                         labels, classes, tf.concat(built.cross_entropy, axis=0), weight,
                         s.class_names))

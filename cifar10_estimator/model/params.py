@@ -82,6 +82,11 @@ class ModelParams:
     label_smoothing: float = setting(
         0.0, "label smoothing of the training loss, in [0, 1): the target puts 1 - e on the "
              "true class and e spread over all classes (Szegedy et al. 2016); 0 is off")
+    moving_average_decay: float = setting(
+        0.0, "keep an exponential moving average of the trainable weights with this decay (0: "
+             "off); evaluation, --export-best and the export use the averaged weights. The "
+             "decay at step t is min(decay, (1+t)/(10+t)), as ExponentialMovingAverage's "
+             "num_updates gives it")
     variable_strategy: str = setting(
         "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
                "GPUs by byte size", choices=("CPU", "GPU"))

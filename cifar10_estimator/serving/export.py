@@ -109,7 +109,7 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             return pool.submit(export_saved_model, settings, checkpoint_path, export_dir,
                                metrics).result()
-    weights = FrozenWeights(checkpoint_path)
+    weights = FrozenWeights(checkpoint_path, averaged=bool(settings.params.moving_average_decay))
     version = int(time.time())
     while os.path.exists(os.path.join(export_dir, str(version))):
         version += 1

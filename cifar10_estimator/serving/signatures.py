@@ -40,14 +40,22 @@ BYTES_SIGNATURE = "serving_bytes"
 EXAMPLES_SIGNATURE = "serving_examples"
 CLASSIFY_SIGNATURE = "classify"
 _IMAGE_SHAPE = [schema.HEIGHT, schema.WIDTH, schema.CHANNELS]
+# The name ExponentialMovingAverage gives the shadow of ``<variable>``: ``<variable>/<this>``.
+AVERAGE_SUFFIX = "ExponentialMovingAverage"
 
 
 class FrozenWeights:
     """A variable-scope custom getter that answers every variable with the checkpoint's value
-    as a constant. ``check_all_used`` then refuses a checkpoint of another architecture."""
+    as a constant. ``check_all_used`` then refuses a checkpoint of another architecture.
 
-    def __init__(self, checkpoint_path: str):
+    With ``averaged``, a trainable weight takes the value of its moving average (its
+    ``/ExponentialMovingAverage`` shadow): the weights the evaluation used. Batch-norm
+    statistics are not trainable and come as they are, the ones that go with those weights.
+    """
+
+    def __init__(self, checkpoint_path: str, averaged: bool = False):
         self.checkpoint_path = checkpoint_path
+        self.averaged = averaged
         self.reader = tf.train.load_checkpoint(checkpoint_path)
         self.shapes = self.reader.get_variable_to_shape_map()
         self.used: set[str] = set()
@@ -56,12 +64,18 @@ class FrozenWeights:
         return UserError(f"checkpoint {self.checkpoint_path} {what}: export it with the "
                          f"--num-layers and --resnet-version it was trained with")
 
-    def __call__(self, getter, name, shape=None, **_):
+    def __call__(self, getter, name, shape=None, trainable=True, **_):
         if list(self.shapes.get(name, [-1])) != list(shape):
             found = f"has {name} as {self.shapes[name]}" if name in self.shapes else "lacks it"
             raise self._mismatch(f"{found}, but the model needs {name} of shape {list(shape)}")
         self.used.add(name)
-        return tf.constant(self.reader.get_tensor(name), name=name.replace("/", "_"))
+        source = name
+        if self.averaged and trainable:
+            source = f"{name}/{AVERAGE_SUFFIX}"
+            if source not in self.shapes:
+                raise UserError(f"checkpoint {self.checkpoint_path} has no moving average of "
+                                f"{name}: it was trained without --moving-average-decay")
+        return tf.constant(self.reader.get_tensor(source), name=name.replace("/", "_"))
 
     def check_all_used(self, scope: str) -> None:
         """Raises UserError if the checkpoint has network weights under ``scope`` that the

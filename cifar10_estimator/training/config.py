@@ -131,6 +131,9 @@ def _check_ranges(config: TrainConfig) -> None:
         raise UserError(f"--train-epochs must be positive, got {config.train_epochs}")
     if not 0 <= config.warmup_epochs:
         raise UserError(f"--warmup-epochs must be 0 or more, got {config.warmup_epochs}")
+    if not 0 <= config.moving_average_decay < 1:
+        raise UserError(f"--moving-average-decay must be in [0, 1), got "
+                        f"{config.moving_average_decay}")
     if not 0 <= config.label_smoothing < 1:
         raise UserError(f"--label-smoothing must be in [0, 1), got {config.label_smoothing}")
     for name in ("learning_rate", "batch_norm_epsilon", "progress_secs"):

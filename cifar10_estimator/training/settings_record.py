@@ -29,7 +29,8 @@ RECORD_FILE = "settings.json"
 # things happen (checkpoints, evaluations, logs) and --train-steps.
 RUN_FIELDS = ("num_layers", "resnet_version", "train_batch_size", "learning_rate",
               "lr_schedule", "warmup_epochs", "lr_boundary_epochs", "lr_decay_factors",
-              "momentum", "weight_decay", "label_smoothing", "batch_norm_decay",
+              "momentum", "weight_decay", "label_smoothing", "moving_average_decay",
+              "batch_norm_decay",
               "batch_norm_epsilon", "sync", "precision", "use_distortion_for_training")
 # Facts of the data set, from its metadata (they are not flags: --data-dir decides them).
 DATA_FIELDS = ("dataset", "num_classes")
