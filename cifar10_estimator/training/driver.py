@@ -219,7 +219,7 @@ def _ps_tasks(cluster: dict) -> dict:
     return {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))}
 
 
-def _wait_for_cluster(job: _Job, stack: contextlib.ExitStack) -> None:
+def _start(job: _Job, stack: contextlib.ExitStack) -> None:
     """Bounded waits for the rest of the cluster; the chief's checks and lock of the job dir;
     every task's check of the job dir's settings record."""
     config = job.config
@@ -370,7 +370,7 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
 
 def _run(job: _Job) -> TrainResult:
     with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the very end
-        _wait_for_cluster(job, stack)
+        _start(job, stack)
         return _train_evaluate_export(job)
 
 
