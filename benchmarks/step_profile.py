@@ -1,0 +1,140 @@
+"""One training step, op by op: ours (the package's ``model_fn``) against the same network in Keras.
+
+Both steps run the same way, so only the graphs differ: a TF1 session, one fixed in-memory
+batch (no input pipeline), fp32, momentum SGD with L2 on every weight. Each runs in its own
+process (Keras' graph mode needs eager execution off for the whole process), times
+``--steps`` steps after a warm-up, then traces ``--trace-steps`` steps with TensorFlow's
+``RunMetadata`` (``FULL_TRACE``) and sums each op type's time per step: the sum is of op time
+across threads, so it can exceed the wall time of the step.
+
+    python benchmarks/step_profile.py --depth 20 --batch-size 128
+"""
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+from machine import print_machine_line
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _ours(depth: int, batch: int):
+    """(train op, a fixed batch) of the package's model_fn, as the trainer builds it."""
+    import numpy as np
+    import tensorflow as tf
+
+    from cifar10_estimator.model import model_fn
+    from cifar10_estimator.model.params import ModelParams
+
+    settings = model_fn.ModelSettings(ModelParams(num_layers=depth), steps_per_epoch=312,
+                                      total_steps=80_000)
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.uniform(0, 255, (batch, 32, 32, 3)).astype(np.float32))
+    labels = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
+    spec = model_fn.make_model_fn(settings)({"image": images}, labels,
+                                            tf.estimator.ModeKeys.TRAIN)
+    return spec.train_op
+
+
+def _keras(depth: int, batch: int):
+    """The same step with the Keras peer's network (benchmarks/keras_resnet.py)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_resnet import LEARNING_RATE, MOMENTUM, WEIGHT_DECAY, build_resnet
+
+    model = build_resnet(depth, input_dtype="float32")
+    rng = np.random.default_rng(0)
+    images = tf.constant(rng.uniform(0, 255, (batch, 32, 32, 3)).astype(np.float32))
+    labels = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
+    logits = model(images, training=True)
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+        labels, logits, from_logits=True))
+    loss += WEIGHT_DECAY * tf.add_n([tf.nn.l2_loss(w) for w in model.trainable_weights])
+    step = tf.compat.v1.train.get_or_create_global_step()
+    optimizer = tf.compat.v1.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM)
+    train = optimizer.minimize(loss, global_step=step, var_list=model.trainable_weights)
+    return tf.group(train, *model.get_updates_for(images))
+
+
+def profile(which: str, depth: int, batch: int, steps: int, trace_steps: int) -> dict:
+    """Images/s and op time per step by op type, for one of the two steps."""
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    train_op = (_ours if which == "ours" else _keras)(depth, batch)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(10):  # graph optimisation and oneDNN's first kernels
+            sess.run(train_op)
+        started = time.perf_counter()
+        for _ in range(steps):
+            sess.run(train_op)
+        images_per_sec = steps * batch / (time.perf_counter() - started)
+        by_type: collections.Counter = collections.Counter()
+        nodes = 0
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        for _ in range(trace_steps):
+            metadata = tf.compat.v1.RunMetadata()
+            sess.run(train_op, options=options, run_metadata=metadata)
+            for device in metadata.step_stats.dev_stats:
+                for node in device.node_stats:
+                    # "name = OpType(inputs)"; a few internal nodes have no label.
+                    label = node.timeline_label
+                    kind = (label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label
+                            else node.node_name)
+                    by_type[kind] += node.op_end_rel_micros - node.op_start_rel_micros
+                    nodes += 1
+    return {"images_per_sec": images_per_sec, "ops_per_step": nodes / trace_steps,
+            "ms_by_type": {k: v / 1000 / trace_steps for k, v in by_type.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depth", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps (after 10 warm-up)")
+    parser.add_argument("--trace-steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per step")
+    parser.add_argument("--child", choices=("ours", "keras"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(profile(args.child, args.depth, args.batch_size, args.steps,
+                                 args.trace_steps)))
+        return
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # as the package's commands do
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    print_machine_line()
+    results: dict[str, list[dict]] = {"ours": [], "keras": []}
+    for _ in range(args.rounds):
+        for which in results:
+            out = subprocess.run([sys.executable, __file__, "--child", which, "--depth",
+                                  str(args.depth), "--batch-size", str(args.batch_size),
+                                  "--steps", str(args.steps), "--trace-steps",
+                                  str(args.trace_steps)], capture_output=True, text=True,
+                                 check=True)
+            results[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for which, runs in results.items():
+        rates = ", ".join(f"{r['images_per_sec']:.0f}" for r in runs)
+        print(f"{which}: {rates} images/s untraced; {runs[-1]['ops_per_step']:.0f} ops per "
+              f"traced step")
+    types = sorted(set(results["ours"][-1]["ms_by_type"]) | set(results["keras"][-1]["ms_by_type"]),
+                   key=lambda k: -max(results["ours"][-1]["ms_by_type"].get(k, 0),
+                                      results["keras"][-1]["ms_by_type"].get(k, 0)))
+    print(f"{'op type':<32} {'ours ms/step':>13} {'keras ms/step':>14}")
+    for kind in types[:25]:
+        ours = results["ours"][-1]["ms_by_type"].get(kind, 0.0)
+        keras = results["keras"][-1]["ms_by_type"].get(kind, 0.0)
+        print(f"{kind:<32} {ours:13.2f} {keras:14.2f}")
+    totals = [sum(r["ms_by_type"].values()) for r in (results["ours"][-1], results["keras"][-1])]
+    print(f"{'all ops':<32} {totals[0]:13.2f} {totals[1]:14.2f}")
+
+
+if __name__ == "__main__":
+    main()
