@@ -44,6 +44,9 @@ def test_the_log_has_our_lines_and_none_of_tensorflows_chatter(two_runs):
     text, _ = two_runs
     assert re.search(r"evaluation at step 4: accuracy = [0-9.]+, cross_entropy = ", text)
     assert "run summary: wall time" in text and "resuming from" in text
+    # Default flags: the final checkpoint's batch-norm statistics are recomputed first.
+    assert re.search(r"precise batch norm: statistics of the final weights over 50 training "
+                     r"batches \([0-9.]+ s\)", text)
     for noise in _NOISE:
         assert noise not in text, noise
 

@@ -155,3 +155,32 @@ def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
                 expected = d * expected + (1 - d) * w
                 np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
             assert not np.allclose(got, w)  # an average, not the weight itself
+
+
+def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
+    from cifar10_estimator.training.precise_bn import PreciseBatchNorm
+
+    settings = model_fn.ModelSettings(ModelParams(num_layers=8), steps_per_epoch=10)
+    images = np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
+    with tf.Graph().as_default() as graph:
+        model_fn.make_model_fn(settings)({"image": tf.constant(images)},
+                                         tf.zeros([8], tf.int32), ModeKeys.TRAIN)
+        # The stem's batch norm: its statistics of this batch, and its moving statistics.
+        fused = graph.get_operation_by_name("resnet/tower_0/FusedBatchNormV3")  # the stem's
+        by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        moving = by_name["resnet/stem_bn/moving_mean"], by_name["resnet/stem_bn/moving_variance"]
+        precise = PreciseBatchNorm(batches=3, final_step=5)
+        precise.begin()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            start = sess.run(moving)
+            precise.before_save(sess, 4)  # not the final save: nothing happens
+            np.testing.assert_array_equal(sess.run(moving[0]), start[0])
+            precise.before_save(sess, 5)
+            batch_mean, batch_variance = sess.run(fused.outputs[1:3])
+            got_mean, got_variance = sess.run(moving)
+    # The same batch three times: the mean of its statistics is its statistics, whatever the
+    # moving averages held before (zeros and ones).
+    np.testing.assert_allclose(got_mean, batch_mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got_variance, batch_variance, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got_mean, start[0]) and precise.seconds is not None

@@ -27,6 +27,10 @@ NAN_LOSS_MESSAGE = "training loss is NaN or infinite"
 # tags: an op named "loss" would turn the summary's tag into "loss_1".
 LOSS_TENSOR = "loss_value:0"
 LEARNING_RATE_TENSOR = "learning_rate_value:0"
+# Precise batch norm (training.precise_bn) finds what it runs in these graph collections: the
+# batch count it feeds, and tower 0's moving-statistics updates.
+PRECISE_BN_COUNT = "precise_batch_norm_count"
+PRECISE_BN_UPDATES = "precise_batch_norm_updates"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +104,13 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
     if is_training:
         with tf.compat.v1.device(towers.consolidation_device(s.params.variable_strategy,
                                                              devices)):
-            bn_decay = schedules.batch_norm_decay_schedule(
+            scheduled = schedules.batch_norm_decay_schedule(
                 tf.compat.v1.train.get_or_create_global_step(), s.params.batch_norm_decay)
+            # Fed the batch count k by precise batch norm, the decay is k / (k + 1): the moving
+            # statistics become the plain mean of the batches' statistics.
+            count = tf.compat.v1.placeholder_with_default(-1.0, [], name=PRECISE_BN_COUNT)
+            tf.compat.v1.add_to_collection(PRECISE_BN_COUNT, count)
+            bn_decay = tf.where(count >= 0, count / (count + 1.0), scheduled)
     built = _Towers()
     for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
         with tf.compat.v1.variable_scope("resnet", reuse=i > 0), \
@@ -123,6 +132,8 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
                 # to the same values, and the update stays cheap.
                 built.update_ops = tf.compat.v1.get_collection(
                     tf.compat.v1.GraphKeys.UPDATE_OPS, scope)
+                for op in built.update_ops:
+                    tf.compat.v1.add_to_collection(PRECISE_BN_UPDATES, op)
     return built
 
 

@@ -61,6 +61,10 @@ class TrainConfig(ModelParams):
     save_checkpoints_secs: Optional[int] = _field(
         None, "save a checkpoint every N seconds (default 600 unless "
               "--save-checkpoints-steps is given)")
+    precise_bn_batches: int = _field(
+        50, "before the final checkpoint is saved, recompute the batch-norm statistics with the "
+            "final weights over this many training batches (0: off; off with "
+            "--moving-average-decay, whose averaged weights the statistics would not fit)")
     eval_throttle_secs: int = _field(
         600, "evaluate a new checkpoint at most this often during training")
     keep_checkpoint_max: int = _field(5, "how many recent checkpoints to keep")
@@ -117,6 +121,7 @@ def flag(name: str) -> str:
 
 def _check_ranges(config: TrainConfig) -> None:
     for name in ("num_gpus", "train_steps", "eval_throttle_secs", "num_intra_threads",
+                 "precise_bn_batches",
                  "num_inter_threads", "max_worker_delay_secs", "weight_decay"):
         value = getattr(config, name)
         if value is not None and value < 0:

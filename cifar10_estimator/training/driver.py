@@ -32,8 +32,8 @@ from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
 from cifar10_estimator.model.params import ModelParams
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving.export import export_saved_model
-from cifar10_estimator.training import (cpu, distributed, evaluator, guards, precision, progress,
-                                        report, settings_record)
+from cifar10_estimator.training import (cpu, distributed, evaluator, guards, precise_bn,
+                                        precision, progress, report, settings_record)
 from cifar10_estimator.training.job_lock import JobLock
 from cifar10_estimator.training.preemption import Preemption
 from cifar10_estimator.training.config import DEFAULT_TRAIN_STEPS, TrainConfig, validate
@@ -282,6 +282,10 @@ def _specs(job: _Job, best: Optional[BestExport]):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``."""
     config = job.config
     train_hooks = [_progress_hook(job), job.preemption.training_hook()]
+    if job.rc.is_chief and config.precise_bn_batches and not config.moving_average_decay:
+        train_hooks.append(precise_bn.checkpoint_hook(
+            config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
+            precise_bn.PreciseBatchNorm(config.precise_bn_batches, config.train_steps)))
     if job.in_cluster:
         train_hooks.append(distributed.ParameterServerWatchdog(
             _ps_tasks(job.cluster), config.cluster_timeout_secs,
