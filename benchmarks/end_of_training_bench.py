@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from machine import print_machine_line

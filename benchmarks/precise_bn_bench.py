@@ -51,7 +51,8 @@ def write_image_folder(root: str, per_class: int, test_per_class: int) -> None:
     from PIL import Image
 
     for split, prefix, count in (("train", "train", per_class), ("test", "t10k", test_per_class)):
-        images, labels = _idx(f"{prefix}-images-idx3-ubyte.gz"), _idx(f"{prefix}-labels-idx1-ubyte.gz")
+        images = _idx(f"{prefix}-images-idx3-ubyte.gz")
+        labels = _idx(f"{prefix}-labels-idx1-ubyte.gz")
         for label, name in enumerate(NAMES):
             folder = os.path.join(root, split, name)
             os.makedirs(folder)
@@ -68,7 +69,8 @@ def train(data_dir: str, job_dir: str, steps: int, seed: int, extra: list[str]) 
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
     precise = PRECISE.search(proc.stderr)
-    return float(ACCURACY.search(proc.stderr).group(1)), float(precise.group(1)) if precise else None
+    accuracy = float(ACCURACY.search(proc.stderr).group(1))
+    return accuracy, float(precise.group(1)) if precise else None
 
 
 def main() -> None:
@@ -96,7 +98,8 @@ def main() -> None:
             accuracies = [a for a, _ in results]
             cost = [s for _, s in results if s is not None]
             shown = ", ".join(f"{100 * a:.1f}%" for a in accuracies)
-            extra_cost = f"; precise batch norm took {statistics.median(cost):.1f} s" if cost else ""
+            extra_cost = (f"; precise batch norm took {statistics.median(cost):.1f} s" if cost
+                          else "")
             print(f"{name}: {shown} (median {100 * statistics.median(accuracies):.1f}%)"
                   f"{extra_cost}", flush=True)
 

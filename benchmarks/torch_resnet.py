@@ -23,7 +23,7 @@ import time
 # and the standard library, so the checkout itself serves.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from keras_resnet import (BATCH_SIZE, BN_EPSILON, BN_MOMENTUM, LEARNING_RATE,  # noqa: E402
+from keras_resnet import (BN_EPSILON, BN_MOMENTUM, LEARNING_RATE,  # noqa: E402
                           MOMENTUM, NUM_CLASSES, STAGES, STEM_FILTERS, WEIGHT_DECAY,
                           blocks_per_stage, check_precision, expected_params, peer_parser)
 from machine import print_machine_line  # noqa: E402

@@ -1,4 +1,5 @@
-"""The generator's command line: ``python tools/generate_tfrecords.py`` (``cifar10-generate-tfrecords``).
+"""The generator's command line: ``python tools/generate_tfrecords.py``, also installed as
+the console script ``cifar10-generate-tfrecords``.
 
 Turns CIFAR-10's python batches (or CIFAR-100's, the built-in sample data, or a folder of the
 user's own pictures) into ``train``, ``validation`` and ``eval.tfrecords`` plus their metadata,
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", default=None,
                         help="folder for the .tfrecords files and metadata (default: --data-dir)")
     parser.add_argument("--source-url", default=None,
-                        help=f"where to download the archive from (default: {archives.DEFAULT_URL})")
+                        help="where to download the archive from (default: "
+                             f"{archives.DEFAULT_URL})")
     parser.add_argument("--source-md5", default=None,
                         help=f"the archive's expected MD5 (default: {archives.DEFAULT_MD5})")
     parser.add_argument("--sample", action="store_true",

@@ -14,7 +14,6 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import train
-from cifar10_estimator.data import schema
 from cifar10_estimator.model import confusion_image, model_fn
 from cifar10_estimator.training import progress, report
 from trainer_fixtures import REPO, TINY_FLAGS

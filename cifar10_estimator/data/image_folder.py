@@ -10,9 +10,9 @@ Files are taken by their extension (``.png .jpg .jpeg .gif .bmp``, any case), as
 other files (``.txt``, ``.DS_Store``, ...) are left out and counted in the summary. A file with
 an image extension that does not decode, or whose header promises more pixels than Pillow
 decodes safely (``images.check_file``), stops the run with one line naming it: a dataset that
-silently loses pictures is worse than one more fix. Images of any size and mode are decoded and resized by
-TensorFlow's own ops, in parallel, with ``images.to_cifar_pixels``, the conversion ``predict``
-uses, and stored as CIFAR's raw CHW bytes (``schema.encode_example``).
+silently loses pictures is worse than one more fix. Images of any size and mode are decoded
+and resized by TensorFlow's own ops, in parallel, with ``images.to_cifar_pixels``, the
+conversion ``predict`` uses, and stored as CIFAR's raw CHW bytes (``schema.encode_example``).
 """
 
 import os

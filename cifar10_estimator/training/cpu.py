@@ -21,7 +21,6 @@ only command-line entry points call it. Everything else here takes explicit argu
 """
 
 import dataclasses
-import os
 from typing import MutableMapping
 
 
