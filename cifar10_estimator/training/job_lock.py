@@ -83,16 +83,18 @@ class Holder:
         return self.host == socket.gethostname() and self.boot_id == _boot_id()
 
     def alive_here(self) -> bool:
-        """On this machine: whether the holding process still runs."""
-        if self.start_ticks is None or _start_ticks(self.pid) is None:
-            try:
-                os.kill(self.pid, 0)
-                return True
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-        return _start_ticks(self.pid) == self.start_ticks
+        """On this machine: whether the holding process still runs (the same pid and start
+        time; without /proc, whether the pid exists)."""
+        now = _start_ticks(self.pid)
+        if now is not None and self.start_ticks is not None:
+            return now == self.start_ticks
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}, since {self.since}"
