@@ -283,7 +283,7 @@ def _specs(job: _Job, best: Optional[BestExport]):
     config = job.config
     train_hooks = [_progress_hook(job), job.preemption.training_hook()]
     if job.rc.is_chief and config.precise_bn_batches and not config.moving_average_decay:
-        train_hooks.append(precise_bn.checkpoint_hook(
+        train_hooks.append(precise_bn.CheckpointHook(
             config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
             precise_bn.PreciseBatchNorm(config.precise_bn_batches, config.train_steps)))
     if job.in_cluster:
