@@ -47,7 +47,15 @@ def _idx(name: str) -> np.ndarray:
     return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def write_image_folder(root: str, per_class: int, test_per_class: int) -> None:
+def check_source() -> None:
+    """Exits with one line if Debian's Fashion-MNIST is not installed."""
+    if not os.path.isdir(SOURCE):
+        raise SystemExit(f"{SOURCE} not found: apt-get install dataset-fashion-mnist")
+
+
+def write_image_folder(root: str, per_class: int | None, test_per_class: int | None) -> None:
+    """Writes ``root/train/<class>/*.png`` and ``root/test/<class>/*.png``: the first
+    ``per_class`` training and ``test_per_class`` test pictures of each class (None: all)."""
     from PIL import Image
 
     for split, prefix, count in (("train", "train", per_class), ("test", "t10k", test_per_class)):
@@ -58,6 +66,23 @@ def write_image_folder(root: str, per_class: int, test_per_class: int) -> None:
             os.makedirs(folder)
             for i, index in enumerate(np.flatnonzero(labels == label)[:count]):
                 Image.fromarray(images[index]).save(os.path.join(folder, f"{i:04d}.png"))
+
+
+def make_records(data_dir: str, per_class: int | None, test_per_class: int | None) -> None:
+    """Fashion-MNIST as the package's TFRecords in ``data_dir``: an image folder of PNG files
+    (``write_image_folder``, in a temporary folder beside ``data_dir``, removed afterwards)
+    converted by ``tools/generate_tfrecords.py``; train = the training pictures, eval = the
+    test pictures."""
+    parent = os.path.dirname(os.path.abspath(data_dir))
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=".pictures-") as pictures:
+        write_image_folder(pictures, per_class, test_per_class)
+        generator = os.path.join(REPO, "tools", "generate_tfrecords.py")
+        proc = subprocess.run([sys.executable, generator, "--data-dir", data_dir,
+                               "--image-folder", pictures], check=False, capture_output=True,
+                              text=True)
+    if proc.returncode:
+        raise SystemExit(f"generate_tfrecords.py failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
 def train(data_dir: str, job_dir: str, steps: int, seed: int, extra: list[str]) -> tuple:
@@ -80,16 +105,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seeds", default="1,2")
     args = parser.parse_args()
-    if not os.path.isdir(SOURCE):
-        raise SystemExit(f"{SOURCE} not found: apt-get install dataset-fashion-mnist")
+    check_source()
     print_machine_line()
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory() as work:
-        pictures, data_dir = os.path.join(work, "pictures"), os.path.join(work, "data")
-        write_image_folder(pictures, args.per_class, args.test_per_class)
-        subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
-                        "--data-dir", data_dir, "--image-folder", pictures], check=True,
-                       capture_output=True)
+        data_dir = os.path.join(work, "data")
+        make_records(data_dir, args.per_class, args.test_per_class)
         print(f"Fashion-MNIST: {10 * args.per_class} training and {10 * args.test_per_class} test "
               f"pictures; ResNet-8, {args.steps} steps at batch 64; seeds {seeds}", flush=True)
         for name, extra in CONFIGS.items():

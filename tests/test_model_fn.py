@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.model import model_fn, schedules
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.model.params import ModelParams, global_batch
 
 SETTINGS = model_fn.ModelSettings(ModelParams(num_layers=8), steps_per_epoch=10)
 ModeKeys = tf.estimator.ModeKeys
@@ -62,10 +62,10 @@ def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
         assert graph.get_tensor_by_name(model_fn.LEARNING_RATE_TENSOR).shape == ()
 
 
-def _rates(params: ModelParams, steps, steps_per_epoch=10, total_steps=1000):
+def _rates(params: ModelParams, steps, steps_per_epoch=10, total_steps=1000, global_batch=128):
     with tf.Graph().as_default():
         step = tf.compat.v1.placeholder(tf.int64, [])
-        lr = schedules.learning_rate(step, params, steps_per_epoch, total_steps)
+        lr = schedules.learning_rate(step, params, steps_per_epoch, total_steps, global_batch)
         with tf.compat.v1.Session() as sess:
             return [float(sess.run(lr, {step: s})) for s in steps]
 
@@ -73,6 +73,18 @@ def _rates(params: ModelParams, steps, steps_per_epoch=10, total_steps=1000):
 def test_learning_rate_is_piecewise_at_epoch_boundaries():
     got = _rates(ModelParams(learning_rate=0.1), (0, 820, 821, 1230, 1231, 3000, 3001))
     np.testing.assert_allclose(got, [0.1, 0.1, 0.01, 0.01, 0.001, 0.001, 0.0002], rtol=1e-6)
+
+
+def test_the_peak_scales_linearly_with_the_global_batch_when_a_reference_batch_is_set():
+    # Goyal et al. 2017: 0.1 at 128 is 0.4 at 512, warm-up and schedule alike.
+    scaled = ModelParams(learning_rate=0.1, lr_reference_batch=128, warmup_epochs=1)
+    np.testing.assert_allclose(_rates(scaled, (4, 10, 821), global_batch=512),
+                               [0.2, 0.4, 0.04], rtol=1e-6)
+    assert _rates(ModelParams(learning_rate=0.1), (0,), global_batch=512) == [
+        pytest.approx(0.1)]
+    # With --sync the global batch is every worker's; asynchronously one worker's.
+    assert global_batch(ModelParams(train_batch_size=64, sync=True), 4) == 256
+    assert global_batch(ModelParams(train_batch_size=64), 4) == 64
 
 
 def test_warm_up_rises_linearly_to_the_peak_then_the_schedule_runs():

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.training import driver
+from cifar10_estimator.training import driver, recipes
 from cifar10_estimator.training.config import TrainConfig
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
 
@@ -122,14 +122,29 @@ def test_rerunning_after_a_killed_run_resumes_from_the_last_checkpoint(tiny_reco
     assert f"final evaluation at step {killed_at + 5}" in rerun.stderr
 
 
-def test_train_epochs_sets_the_length_and_cosine_spans_it(tiny_records, tmp_path):
+def test_train_epochs_sets_the_length_and_a_recipe_gives_defaults_that_flags_override(
+        tiny_records, tmp_path):
     # 96 records at batch 8: 12 steps an epoch, so 1.5 epochs are 18 global steps.
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
-                      *TINY_FLAGS, "--train-epochs", "1.5", "--lr-schedule", "cosine",
-                      "--warmup-epochs", "0.5", "--label-smoothing", "0.1")
+                      *TINY_FLAGS, "--train-epochs", "1.5", "--recipe", "fast",
+                      "--lr-schedule", "cosine", "--warmup-epochs", "0.5")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "12 steps per epoch, 18 steps in all (1.5 epochs), cosine learning rate" in proc.stderr
+    # The recipe's values are logged; the flags given win and are marked.
+    fast = recipes.RECIPES["fast"]
+    line = next(x for x in proc.stderr.splitlines() if "recipe fast: " in x)
+    assert "--lr-schedule cosine (given)" in line and "--train-batch-size 8 (given)" in line
+    assert "--warmup-epochs 0.5 (given)" in line
+    assert f"--label-smoothing {fast['label_smoothing']:g}," in line
+    assert f"--lr-reference-batch {fast['lr_reference_batch']}," in line
+    # The peak scales linearly with the batch: the recipe's rate at its reference batch.
+    peak = fast["learning_rate"] * 8 / fast["lr_reference_batch"]
+    assert (f"12 steps per epoch, 18 steps in all (1.5 epochs), cosine learning rate peaking at "
+            f"{peak:.4g}") in proc.stderr
+    with open(os.path.join(job_dir, "settings.json")) as f:
+        recorded = json.load(f)["settings"]
+    assert recorded["label_smoothing"] == fast["label_smoothing"]
+    assert recorded["lr_schedule"] == "cosine" and recorded["train_batch_size"] == 8
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 18
     assert re.search(r"evaluation at step 18: accuracy = ", proc.stderr)

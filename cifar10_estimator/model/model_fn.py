@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from cifar10_estimator.model import metrics, resnet, schedules, sync_replicas, towers
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.model.params import ModelParams, global_batch
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -195,7 +195,8 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
 def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelSettings):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     learning_rate = tf.identity(
-        schedules.learning_rate(global_step, s.params, s.steps_per_epoch, s.total_steps),
+        schedules.learning_rate(global_step, s.params, s.steps_per_epoch, s.total_steps,
+                                global_batch(s.params, s.num_workers)),
         name=LEARNING_RATE_TENSOR.split(":")[0])
     accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)), tf.float32),
                               name="train_accuracy_value")

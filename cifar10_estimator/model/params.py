@@ -19,6 +19,11 @@ def setting(default, help: str, **extra):
     return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
+def flag(name: str) -> str:
+    """The command-line spelling of a setting's field name (``num_layers`` -> ``--num-layers``)."""
+    return "--" + name.replace("_", "-")
+
+
 def depth_problem(num_layers: int) -> Optional[str]:
     """Why ``num_layers`` is not a CIFAR ResNet depth, or None.
 
@@ -36,6 +41,11 @@ def blocks_per_stage(num_layers: int) -> int:
     if problem:
         raise ValueError(f"ResNet depth {problem}")
     return (num_layers - 2) // 6
+
+
+def global_batch(params: "ModelParams", num_workers: int) -> int:
+    """Images per global step: a batch from every worker with ``sync``, one batch without."""
+    return params.train_batch_size * (num_workers if params.sync else 1)
 
 
 def depth(blocks: int) -> int:
@@ -59,6 +69,10 @@ class ModelParams:
         0.1, "peak learning rate: the base of the piecewise schedule (multiplied by "
              "--lr-decay-factors at --lr-boundary-epochs), the start of cosine decay, the top "
              "of the one-cycle")
+    lr_reference_batch: int = setting(
+        0, "scale the peak learning rate linearly with the batch (Goyal et al. 2017): the peak "
+           "is --learning-rate x B / N for a global batch of B images (--train-batch-size, "
+           "times the workers with --sync); 0: no scaling, --learning-rate is the peak")
     lr_schedule: str = setting(
         "piecewise", "piecewise: the paper's drops at --lr-boundary-epochs; cosine: from the "
                      "peak down to 0 at the end of the run (Loshchilov and Hutter 2017); "

@@ -11,6 +11,10 @@ Learning-rate schedules, all counted in global steps and epochs of the training 
   arXiv:1708.07120; the 25 and the 1e4 after it are PyTorch's ``OneCycleLR`` defaults, its
   ``div_factor`` and ``final_div_factor``, and 30 % rising its ``pct_start``).
 
+The peak is ``learning_rate``, scaled by global batch / ``lr_reference_batch`` when that is set:
+Goyal et al.'s linear scaling rule (section 2.1), which keeps the updates of one epoch the same
+size whatever the batch.
+
 A warm-up (``warmup_epochs``) rises linearly from 0 to the peak before ``piecewise`` and
 ``cosine`` (Goyal et al. 2017, "Accurate, Large Minibatch SGD", arXiv:1706.02677); for
 ``one-cycle`` it sets the length of the rise.
@@ -27,11 +31,19 @@ ONE_CYCLE_END_DIVISOR = ONE_CYCLE_START_DIVISOR * 1e4  # ... and its final_div_f
 ONE_CYCLE_RISE = 0.3  # ... and its pct_start: the rising share of the run
 
 
+def peak_learning_rate(params: ModelParams, global_batch: int) -> float:
+    """The schedule's peak for global steps of ``global_batch`` images."""
+    if not params.lr_reference_batch:
+        return params.learning_rate
+    return params.learning_rate * global_batch / params.lr_reference_batch
+
+
 def learning_rate(global_step: tf.Tensor, params: ModelParams, steps_per_epoch: int,
-                  total_steps: int) -> tf.Tensor:
-    """The learning rate at ``global_step`` of a run of ``total_steps`` global steps."""
+                  total_steps: int, global_batch: int) -> tf.Tensor:
+    """The learning rate at ``global_step`` of a run of ``total_steps`` global steps of
+    ``global_batch`` images each."""
     step = tf.cast(global_step, tf.float32)
-    peak = params.learning_rate
+    peak = peak_learning_rate(params, global_batch)
     warmup = params.warmup_epochs * steps_per_epoch
     if params.lr_schedule == "one-cycle":
         return _one_cycle(step, peak, warmup or ONE_CYCLE_RISE * total_steps, total_steps)

@@ -12,8 +12,9 @@ import os
 from typing import Optional
 
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.model.params import ModelParams, depth_problem
+from cifar10_estimator.model.params import ModelParams, depth_problem, flag
 from cifar10_estimator.model.params import setting as _field
+from cifar10_estimator.training.recipes import RECIPES, recipe_help
 
 # The tutorial's length: 80,000 steps of batch 128 on 45,000 images (the paper stopped at 64k).
 DEFAULT_TRAIN_STEPS = 80_000
@@ -28,6 +29,7 @@ class TrainConfig(ModelParams):
     job_dir: Optional[str] = _field(
         None, "folder for checkpoints, summaries and the export; shared by all tasks of a "
               "cluster; rerunning with the same folder resumes (required)")
+    recipe: str = _field("paper", recipe_help(), choices=tuple(RECIPES))
     num_gpus: int = _field(0, "GPUs per worker, one tower each; 0 trains on the CPU")
     num_cpu_towers: int = _field(
         1, "with --num-gpus 0: towers on this many logical CPU devices (to exercise the "
@@ -114,15 +116,11 @@ class TrainConfig(ModelParams):
         return self.export_dir or os.path.join(self.job_dir or "", "export")
 
 
-def flag(name: str) -> str:
-    """The command-line spelling of a field name."""
-    return "--" + name.replace("_", "-")
-
-
 def _check_ranges(config: TrainConfig) -> None:
     for name in ("num_gpus", "train_steps", "eval_throttle_secs", "num_intra_threads",
                  "precise_bn_batches",
-                 "num_inter_threads", "max_worker_delay_secs", "weight_decay"):
+                 "num_inter_threads", "max_worker_delay_secs", "weight_decay",
+                 "lr_reference_batch"):
         value = getattr(config, name)
         if value is not None and value < 0:
             raise UserError(f"{flag(name)} must be 0 or more, got {value}")

@@ -29,11 +29,12 @@ from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.model import checkpoints, towers
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.model import schedules
+from cifar10_estimator.model.params import ModelParams, global_batch
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving.export import export_saved_model
 from cifar10_estimator.training import (cpu, distributed, evaluator, guards, precise_bn,
-                                        precision, progress, report, settings_record)
+                                        precision, progress, recipes, report, settings_record)
 from cifar10_estimator.training.job_lock import JobLock
 from cifar10_estimator.training.preemption import Preemption
 from cifar10_estimator.training.config import DEFAULT_TRAIN_STEPS, TrainConfig, validate
@@ -140,7 +141,7 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
     if config.precision not in ("fp32", "bf16"):
         raise ValueError(f"precision {config.precision!r} must be resolved to fp32 or bf16 "
                          f"first (precision.resolve_precision)")
-    per_global_step = config.train_batch_size * (num_workers if config.sync else 1)
+    per_global_step = global_batch(config, num_workers)
     steps_per_epoch = max(1, train_records // per_global_step)
     total_steps = config.train_steps
     if total_steps is None:
@@ -207,11 +208,12 @@ def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
                preemption)
     _log_role(job)
     log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
-             "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate",
-             config.num_layers, config.resnet_version, settings.data_format,
+             "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate peaking at "
+             "%.4g", config.num_layers, config.resnet_version, settings.data_format,
              ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
              train_records, settings.steps_per_epoch, settings.total_steps,
-             settings.total_steps / settings.steps_per_epoch, config.lr_schedule)
+             settings.total_steps / settings.steps_per_epoch, config.lr_schedule,
+             schedules.peak_learning_rate(settings.params, global_batch(config, num_workers)))
     return job
 
 
@@ -366,6 +368,7 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
             log.info("role: ps %d of the cluster %s", role.task_id, distributed.describe(cluster))
             distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
             return TrainResult(None, None, role="ps")
+        log.info(recipes.describe(config))
         return _run(_prepare(_resolve_precision(config, cpu_info, onednn), preemption))
     except Stopped as stop:
         log.info(_stopped_line(stop, role, config.job_dir, preemption.last_step))

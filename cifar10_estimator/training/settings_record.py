@@ -28,10 +28,10 @@ RECORD_FILE = "settings.json"
 # are (folders), how the work is spread (devices, towers, threads, cluster waits), how often
 # things happen (checkpoints, evaluations, logs) and --train-steps.
 RUN_FIELDS = ("num_layers", "resnet_version", "train_batch_size", "learning_rate",
-              "lr_schedule", "warmup_epochs", "lr_boundary_epochs", "lr_decay_factors",
-              "momentum", "weight_decay", "label_smoothing", "moving_average_decay",
-              "batch_norm_decay",
-              "batch_norm_epsilon", "sync", "precision", "use_distortion_for_training")
+              "lr_reference_batch", "lr_schedule", "warmup_epochs", "lr_boundary_epochs",
+              "lr_decay_factors", "momentum", "weight_decay", "label_smoothing",
+              "moving_average_decay", "batch_norm_decay", "batch_norm_epsilon", "sync",
+              "precision", "use_distortion_for_training")
 # Facts of the data set, from its metadata (they are not flags: --data-dir decides them).
 DATA_FIELDS = ("dataset", "num_classes")
 
