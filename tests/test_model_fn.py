@@ -186,11 +186,16 @@ def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             start = sess.run(moving)
-            precise.before_save(sess, 4)  # not the final save: nothing happens
+            # The save at the session's start keeps the statistics as restored.
+            assert not precise.before_save(sess, 0)
             np.testing.assert_array_equal(sess.run(moving[0]), start[0])
-            precise.before_save(sess, 5)
+            assert precise.before_save(sess, 5)
             batch_mean, batch_variance = sess.run(fused.outputs[1:3])
             got_mean, got_variance = sess.run(moving)
+            signalled = PreciseBatchNorm(batches=3, final_step=5, skip=lambda: True)
+            signalled.begin()
+            signalled.before_save(sess, 0)
+            assert not signalled.before_save(sess, 6)  # a save for a signal stays quick
     # The same batch three times: the mean of its statistics is its statistics, whatever the
     # moving averages held before (zeros and ones).
     np.testing.assert_allclose(got_mean, batch_mean, rtol=1e-4, atol=1e-5)

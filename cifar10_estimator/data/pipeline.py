@@ -1,14 +1,22 @@
 """The input pipeline: TFRecords to batches of images and labels with ``tf.data``.
 
 ``Cifar10DataSet(data_dir, subset, use_distortion).make_batch(batch_size)`` returns a dataset of
-``({'image': float32 [B, 32, 32, 3] in 0..255}, int32 labels [B])``. It emits whole batches of a
+``({'image': float32 [B, 32, 32, 3] in 0..255}, int32 labels [B])`` (24x24 training images with
+the ``crop-flip-colour`` augmentation). It emits whole batches of a
 static size and knows nothing about towers; ``towers.split_batch`` shards them.
 
 Training: shuffle, repeat, batch, then parse and augment whole batches at once (one
 ``parse_example`` and a handful of vectorised ops per batch instead of per image, so no Python
-and little per-element overhead runs in the hot path), then prefetch. Augmentation is the
-tutorial's (He et al. 2015, section 4.2): pad 4 pixels of zeros to 40x40, crop a random 32x32
-window and flip left-right with probability 1/2, independently per image.
+and little per-element overhead runs in the hot path), then prefetch. Two augmentations, drawn
+independently per image:
+
+- ``pad-crop-flip``, the ResNet tutorial's (He et al. 2015, section 4.2): pad 4 pixels of
+  zeros to 40x40, crop a random 32x32 window and flip left-right with probability 1/2.
+- ``crop-flip-colour``, the original CIFAR-10 tutorial's (``cifar10_input.distorted_inputs``):
+  a random 24x24 window, a flip, a brightness shift drawn from [-63, 63] and a contrast factor
+  from [0.2, 1.8] (``tf.image.adjust_contrast``'s formula: about each channel's mean). Its
+  images are 24x24 and are not clipped, as the tutorial's were not; the network standardises
+  each one (``model.tutorial_cnn``).
 
 Evaluation: one ordered pass over the file in which every record counts exactly once. The last
 batch is padded to full size with zero images whose ``weight`` feature is 0, so metrics that use
@@ -22,6 +30,13 @@ import tensorflow as tf
 from cifar10_estimator.data import metadata, schema
 
 PAD = 4  # pixels of zero padding before the random crop (He et al. 2015, section 4.2)
+# The original tutorial's crop and colour ranges (cifar10_input.py: IMAGE_SIZE,
+# random_brightness max_delta, random_contrast lower and upper).
+TUTORIAL_CROP = 24
+TUTORIAL_BRIGHTNESS = 63.0
+TUTORIAL_CONTRAST = (0.2, 1.8)
+PAD_CROP_FLIP = "pad-crop-flip"
+CROP_FLIP_COLOUR = "crop-flip-colour"
 IN_FLIGHT_BATCHES = 2  # batches parsed (and augmented) ahead of the step, training and eval
 
 
@@ -46,39 +61,64 @@ def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return schema.decode_images(parsed["image"]), tf.cast(parsed["label"], tf.int32)
 
 
-def distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """Pads, randomly crops and randomly flips each image of a [B,32,32,C] batch.
-
-    Args:
-      images: the batch, any dtype.
-      seed: int64 [2], the stateless random seed of this batch; the same seed gives the same
-        crops and flips.
-
-    The crop offsets and the flip are drawn per image; both are one gather per axis on the
-    padded batch, so no per-image work is scheduled.
-    """
+def _crop_and_flip(images: tf.Tensor, seed: tf.Tensor, size: int, pad: int) -> tf.Tensor:
+    """Random ``size`` x ``size`` windows of each image padded by ``pad``, flipped
+    left-right with probability 1/2; one gather per axis, so no per-image work is scheduled."""
     batch = tf.shape(images)[0]
-    padded = tf.pad(images, [[0, 0], [PAD, PAD], [PAD, PAD], [0, 0]])
-    offsets = tf.random.stateless_uniform([batch, 2], seed=seed, maxval=2 * PAD + 1,
-                                          dtype=tf.int32)  # 0..8 inclusive
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+    offsets = tf.random.stateless_uniform([batch, 2], seed=seed,
+                                          maxval=schema.HEIGHT + 2 * pad - size + 1,
+                                          dtype=tf.int32)
     flips = tf.random.stateless_uniform([batch], seed=seed + [0, 1 << 32]) < 0.5
-    steps = tf.range(schema.HEIGHT)[None, :]
+    steps = tf.range(size)[None, :]
     rows = offsets[:, :1] + steps
     # A flipped image reads its window's columns right to left.
-    cols = offsets[:, 1:] + tf.where(flips[:, None], schema.WIDTH - 1 - steps, steps)
+    cols = offsets[:, 1:] + tf.where(flips[:, None], size - 1 - steps, steps)
     cropped = tf.gather(padded, rows, axis=1, batch_dims=1)
     return tf.gather(cropped, cols, axis=2, batch_dims=1)
+
+
+def distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """``pad-crop-flip`` on a [B,32,32,C] batch of any dtype.
+
+    Args:
+      images: the batch.
+      seed: int64 [2], the stateless random seed of this batch; the same seed gives the same
+        crops and flips.
+    """
+    return _crop_and_flip(images, seed, schema.HEIGHT, PAD)
+
+
+def tutorial_distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """``crop-flip-colour`` on a [B,32,32,C] batch: float32 [B,24,24,C], as ``distort_batch``
+    seeded."""
+    x = tf.cast(_crop_and_flip(images, seed, TUTORIAL_CROP, 0), tf.float32)
+    batch = tf.shape(images)[0]
+    brightness = tf.random.stateless_uniform(
+        [batch, 1, 1, 1], seed=seed + [0, 2 << 32], minval=-TUTORIAL_BRIGHTNESS,
+        maxval=TUTORIAL_BRIGHTNESS)
+    contrast = tf.random.stateless_uniform(
+        [batch, 1, 1, 1], seed=seed + [0, 3 << 32], minval=TUTORIAL_CONTRAST[0],
+        maxval=TUTORIAL_CONTRAST[1])
+    x = x + brightness
+    mean = tf.reduce_mean(x, axis=[1, 2], keepdims=True)
+    return (x - mean) * contrast + mean
+
+
+AUGMENTATIONS = {PAD_CROP_FLIP: distort_batch, CROP_FLIP_COLOUR: tutorial_distort_batch}
 
 
 class Cifar10DataSet:
     """One split of the CIFAR-10 TFRecords."""
 
-    def __init__(self, data_dir: str, subset: str = "train", use_distortion: bool = True):
+    def __init__(self, data_dir: str, subset: str = "train", use_distortion: bool = True,
+                 augmentation: str = PAD_CROP_FLIP):
         """
         Args:
           data_dir: folder with ``<subset>.tfrecords``.
           subset: 'train', 'validation' or 'eval'.
-          use_distortion: pad/crop/flip; applies to 'train' only.
+          use_distortion: augment; applies to 'train' only.
+          augmentation: one of ``AUGMENTATIONS``.
 
         Raises:
           UserError: the record file is missing.
@@ -88,7 +128,11 @@ class Cifar10DataSet:
                              f"{sorted(schema.SPLITS)}")
         self.data_dir = data_dir
         self.subset = subset
+        if augmentation not in AUGMENTATIONS:
+            raise ValueError(f"Invalid augmentation {augmentation!r}; expected one of "
+                             f"{sorted(AUGMENTATIONS)}")
         self.use_distortion = use_distortion and subset == "train"
+        self.augment = AUGMENTATIONS[augmentation]
         self.path = metadata.existing_record_path(data_dir, subset)
 
     def num_examples(self) -> int:
@@ -120,7 +164,7 @@ class Cifar10DataSet:
         records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
         # drop_remainder gives a static batch size, which the tower split needs.
         batches = records.batch(batch_size, drop_remainder=True)
-        distort = self.use_distortion
+        distort = self.augment if self.use_distortion else None
         # Each batch's augmentation seed is (base seed, batch index): repeatable for a given
         # seed whatever order the parallel map runs in.
         base_seed = seed if seed is not None else random.SystemRandom().randrange(1 << 62)
@@ -128,8 +172,7 @@ class Cifar10DataSet:
         def parse(index, serialized):
             images, labels = parse_batch(serialized)
             if distort:
-                images = distort_batch(images, tf.stack([tf.constant(base_seed, tf.int64),
-                                                         index]))
+                images = distort(images, tf.stack([tf.constant(base_seed, tf.int64), index]))
             return {"image": tf.cast(images, tf.float32)}, labels
 
         # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone

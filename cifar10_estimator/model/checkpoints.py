@@ -1,9 +1,10 @@
 """What a checkpoint of this model is: its global step, whether it still exists, its network.
 
 Checkpoints are TensorFlow's (``model.ckpt-<step>.index`` and data files, listed in the job
-dir's ``checkpoint`` file). The network is read from the variable names ResNet's builder gives
-(``resnet/stage1/block<i>/...``, ``resnet/final_bn`` for version 2, ``resnet/dense/bias``), so
-this also works on job dirs this package did not write.
+dir's ``checkpoint`` file). The network is read from the variable names the builders give
+(``resnet/stage1/block<i>/...``, ``resnet/final_bn`` for version 2, ``resnet/dense/bias``;
+``tutorial_cnn/softmax_linear/biases``), so this also works on job dirs this package did not
+write.
 """
 
 import re
@@ -12,9 +13,10 @@ from typing import Optional
 import tensorflow as tf
 
 from cifar10_estimator.data import schema
-from cifar10_estimator.model.params import depth
+from cifar10_estimator.model.params import RESNET, TUTORIAL_CNN, ModelParams, depth
 
 _BLOCK = re.compile(r"^resnet/stage(\d)/block(\d+)/")
+_TUTORIAL_OUTPUT = "tutorial_cnn/softmax_linear/biases"  # its class count is its shape
 
 
 def checkpoint_step(checkpoint_path: str) -> int:
@@ -33,13 +35,24 @@ def checkpoint_gone(checkpoint_path: str) -> bool:
     return not tf.io.gfile.glob(checkpoint_path + ".index")
 
 
-def checkpoint_model(checkpoint_path: str) -> Optional[tuple[int, int, int]]:
-    """(depth, version, classes) of the ResNet in a checkpoint, from its variables; None if
-    it holds no CIFAR ResNet. Raises ``tf.errors.OpError`` if it cannot be read."""
+def checkpoint_model(checkpoint_path: str) -> Optional[tuple[ModelParams, int]]:
+    """The network in a checkpoint, from its variables: its ``ModelParams`` (``model``, and
+    for a ResNet ``num_layers`` and ``resnet_version``) and its class count; None if it holds
+    neither network. Raises ``tf.errors.OpError`` if it cannot be read."""
     shapes = dict(tf.train.list_variables(checkpoint_path))
+    if _TUTORIAL_OUTPUT in shapes:
+        return ModelParams(model=TUTORIAL_CNN), shapes[_TUTORIAL_OUTPUT][0]
     blocks = {int(m.group(2)) for m in map(_BLOCK.match, shapes) if m and m.group(1) == "1"}
     if not blocks:
         return None
     version = 2 if "resnet/final_bn/gamma" in shapes else 1
     classes = shapes.get("resnet/dense/bias", [schema.NUM_CLASSES])[0]
-    return depth(max(blocks) + 1), version, classes
+    return ModelParams(num_layers=depth(max(blocks) + 1), resnet_version=version), classes
+
+
+def model_flags(params: ModelParams) -> str:
+    """The flags that ask for the network of ``params``."""
+    if params.model == TUTORIAL_CNN:
+        return f"--model {TUTORIAL_CNN}"
+    return f"--model {RESNET} --num-layers {params.num_layers} --resnet-version " \
+           f"{params.resnet_version}"

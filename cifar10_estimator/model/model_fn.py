@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator.model import metrics, resnet, schedules, sync_replicas, towers
+from cifar10_estimator.model import metrics, networks, schedules, sync_replicas, towers
 from cifar10_estimator.model.params import ModelParams, global_batch
 
 log = logging.getLogger("cifar10_estimator")
@@ -69,11 +69,9 @@ class _Towers:
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
     p = s.params
-    logits = resnet.resnet_cifar(
-        images, is_training=is_training, num_layers=p.num_layers, version=p.resnet_version,
-        data_format=s.data_format, batch_norm_decay=bn_decay,
-        batch_norm_epsilon=p.batch_norm_epsilon, num_classes=s.num_classes,
-        compute_dtype=tf.as_dtype(s.compute_dtype))
+    logits = networks.logits(images, p, is_training=is_training, num_classes=s.num_classes,
+                             data_format=s.data_format, compute_dtype=tf.as_dtype(s.compute_dtype),
+                             batch_norm_decay=bn_decay)
     if labels is None:
         return logits, None, None
     if is_training and p.label_smoothing > 0:
@@ -84,10 +82,10 @@ def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     else:
         xent = tf.compat.v1.losses.sparse_softmax_cross_entropy(
             labels, logits, reduction=tf.compat.v1.losses.Reduction.NONE)
-    # The tutorial's L2 term covers every trainable variable (batch-norm scales and the dense
-    # bias included); l2_loss is half the squared norm.
+    # l2_loss is half the squared norm, as in both tutorials.
     l2 = p.weight_decay * tf.math.add_n(
-        [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables()])
+        [tf.nn.l2_loss(v) for v in networks.decayed_weights(
+            p, tf.compat.v1.trainable_variables())])
     return logits, xent, l2
 
 
@@ -113,7 +111,7 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
             bn_decay = tf.where(count >= 0, count / (count + 1.0), scheduled)
     built = _Towers()
     for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
-        with tf.compat.v1.variable_scope("resnet", reuse=i > 0), \
+        with tf.compat.v1.variable_scope(networks.SCOPES[s.params.model], reuse=i > 0), \
                 tf.name_scope(f"tower_{i}") as scope, tf.compat.v1.device(setter):
             logits, xent, l2 = _tower(x, y, is_training, s, bn_decay)
             built.logits.append(logits)

@@ -7,11 +7,36 @@ flag per field from the field's name, type and ``help`` (``training.flags``), so
 is added here once. The defaults are the original TensorFlow tutorial's (``--num-layers 44``,
 batch 128, momentum 0.9, weight decay 2e-4, learning rate 0.1, batch norm 0.997 / 1e-5).
 
+``--model`` picks the network. Each has its own defaults (``MODEL_DEFAULTS``), which take the
+place of the fields' defaults: the ResNet's are the fields' own, the original tutorial CNN's are
+its tutorial's.
+
 No TensorFlow here: command lines import this before TensorFlow loads.
 """
 
 import dataclasses
 from typing import Optional
+
+
+RESNET = "resnet"
+TUTORIAL_CNN = "tutorial-cnn"
+# The defaults each model puts in place of the fields' own. The tutorial CNN's are those of
+# TensorFlow's original CIFAR-10 tutorial (cifar10.py and cifar10_train.py): learning rate 0.1,
+# decayed by 0.1 every 350 epochs (staircase; no run of this package reaches a second drop),
+# batch 128, plain SGD (no momentum), weight decay 0.004 (on its hidden layers' weights only,
+# model.tutorial_cnn), and evaluation with moving averages of all trainable weights at 0.9999.
+MODEL_DEFAULTS: dict[str, dict] = {
+    RESNET: {},
+    TUTORIAL_CNN: {
+        "learning_rate": 0.1,
+        "lr_boundary_epochs": (350.0,),
+        "lr_decay_factors": (1.0, 0.1),
+        "train_batch_size": 128,
+        "momentum": 0.0,
+        "weight_decay": 0.004,
+        "moving_average_decay": 0.9999,
+    },
+}
 
 
 def setting(default, help: str, **extra):
@@ -57,6 +82,10 @@ def depth(blocks: int) -> int:
 class ModelParams:
     """The hyperparameters the model_fn reads (one worker's view)."""
 
+    model: str = setting(
+        RESNET, "the network: resnet (He et al. 2015, the ResNet tutorial's) or tutorial-cnn "
+                "(the original CIFAR-10 tutorial's CNN, with its input recipe, schedule, weight "
+                "decay and averaged weights as its defaults)", choices=tuple(MODEL_DEFAULTS))
     num_layers: int = setting(44, "ResNet depth, 6n+2 (20, 32, 44, 56, 110, ...)")
     resnet_version: int = setting(
         1, "1: post-activation blocks (He et al. 2015); 2: pre-activation (He et al. 2016)",

@@ -24,7 +24,9 @@ measured with benchmarks/serving_bench.py (docs/serving.md):
   the convolution.
 The network is built in ``channels_last`` without device placements, whatever the training
 layout and devices (the weights do not depend on them). A checkpoint of another depth or
-ResNet version is refused before anything is written.
+ResNet version, or of the other ``--model``, is refused before anything is written. The tutorial
+CNN crops the 32x32 pictures to their central 24x24 in its network, as its tutorial's evaluation
+did, so its signatures take the same inputs.
 """
 
 import tensorflow as tf
@@ -32,7 +34,7 @@ import tensorflow as tf
 from cifar10_estimator.data import images as image_ops
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.model import resnet
+from cifar10_estimator.model import networks
 from cifar10_estimator.model.model_fn import ModelSettings
 
 IMAGES_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
@@ -62,7 +64,8 @@ class FrozenWeights:
 
     def _mismatch(self, what: str) -> UserError:
         return UserError(f"checkpoint {self.checkpoint_path} {what}: export it with the "
-                         f"--num-layers and --resnet-version it was trained with")
+                         f"--model (and for a ResNet the --num-layers and --resnet-version) it "
+                         f"was trained with")
 
     def __call__(self, getter, name, shape=None, trainable=True, **_):
         if list(self.shapes.get(name, [-1])) != list(shape):
@@ -95,15 +98,13 @@ class ServingModule(tf.Module):
     def __init__(self, settings: ModelSettings, weights: FrozenWeights):
         super().__init__()
         names = list(settings.class_names)
+        scope = networks.SCOPES[settings.params.model]
 
         @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32)])
         def network(images):
-            with tf.compat.v1.variable_scope("resnet", custom_getter=weights):
-                logits = resnet.resnet_cifar(
-                    images, is_training=False, num_layers=settings.params.num_layers,
-                    version=settings.params.resnet_version, data_format="channels_last",
-                    batch_norm_epsilon=settings.params.batch_norm_epsilon,
-                    num_classes=len(names), fold_batch_norm=True)
+            with tf.compat.v1.variable_scope(scope, custom_getter=weights):
+                logits = networks.logits(images, settings.params, is_training=False,
+                                         num_classes=len(names), fold_batch_norm=True)
             # The names model_fn's predictions use, so Estimator.predict agrees with serving.
             classes = tf.argmax(logits, axis=1, name="classes")
             return {"classes": classes,
@@ -141,7 +142,7 @@ class ServingModule(tf.Module):
                     "scores": probabilities}
 
         network.get_concrete_function()  # traces it: the weights are read now
-        weights.check_all_used("resnet")
+        weights.check_all_used(scope)
         self.network = network
         self.serving_signatures = {IMAGES_SIGNATURE: by_images, BYTES_SIGNATURE: by_bytes,
                                    EXAMPLES_SIGNATURE: by_examples, CLASSIFY_SIGNATURE: classify}

@@ -29,7 +29,7 @@ from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.model import checkpoints, towers
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
-from cifar10_estimator.model import schedules
+from cifar10_estimator.model import networks, schedules
 from cifar10_estimator.model.params import ModelParams, global_batch
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving.export import export_saved_model
@@ -37,7 +37,7 @@ from cifar10_estimator.training import (cpu, distributed, evaluator, guards, pre
                                         precision, progress, recipes, report, settings_record)
 from cifar10_estimator.training.job_lock import JobLock
 from cifar10_estimator.training.preemption import Preemption
-from cifar10_estimator.training.config import DEFAULT_TRAIN_STEPS, TrainConfig, validate
+from cifar10_estimator.training.config import MODEL_TRAIN_STEPS, TrainConfig, validate
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -146,7 +146,7 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
     total_steps = config.train_steps
     if total_steps is None:
         total_steps = (math.ceil(config.train_epochs * steps_per_epoch)
-                       if config.train_epochs is not None else DEFAULT_TRAIN_STEPS)
+                       if config.train_epochs is not None else MODEL_TRAIN_STEPS[config.model])
     return ModelSettings(
         params=ModelParams(**{f.name: getattr(config, f.name)
                               for f in dataclasses.fields(ModelParams)}),
@@ -193,7 +193,8 @@ def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
     if in_cluster and rc.num_worker_replicas > 1 and not rc.num_ps_replicas:
         raise UserError(f"TF_CONFIG: the cluster has {rc.num_worker_replicas} training tasks "
                         f"but no 'ps' job; workers share variables through parameter servers")
-    train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training)
+    train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training,
+                                networks.AUGMENTATIONS[config.model])
     eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
     # Before anything trains: a record file cut short can read as a shorter valid one.
     for split in ("eval",) if rc.task_type == "evaluator" else ("train", "eval"):
@@ -207,9 +208,9 @@ def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
     job = _Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
                preemption)
     _log_role(job)
-    log.info("ResNet-%d v%d, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
+    log.info("%s, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
              "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate peaking at "
-             "%.4g", config.num_layers, config.resnet_version, settings.data_format,
+             "%.4g", networks.describe(config), settings.data_format,
              ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
              train_records, settings.steps_per_epoch, settings.total_steps,
              settings.total_steps / settings.steps_per_epoch, config.lr_schedule,
@@ -238,8 +239,7 @@ def _start(job: _Job, stack: contextlib.ExitStack) -> None:
         distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
         settings_record.check(config.job_dir, current, is_chief=False)
         return
-    guards.check_job_dir(config.job_dir, config.num_layers, config.resnet_version,
-                         job.info.num_classes)
+    guards.check_job_dir(config.job_dir, config, job.info.num_classes)
     if "://" in config.job_dir:
         log.info("--job-dir %s is not a local path, which this package cannot lock: make sure "
                  "only one trainer uses it", config.job_dir)
@@ -287,7 +287,8 @@ def _specs(job: _Job, best: Optional[BestExport]):
     if job.rc.is_chief and config.precise_bn_batches and not config.moving_average_decay:
         train_hooks.append(precise_bn.CheckpointHook(
             config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
-            precise_bn.PreciseBatchNorm(config.precise_bn_batches, config.train_steps)))
+            precise_bn.PreciseBatchNorm(config.precise_bn_batches, config.train_steps,
+                                        skip=lambda: job.preemption.signum is not None)))
     if job.in_cluster:
         train_hooks.append(distributed.ParameterServerWatchdog(
             _ps_tasks(job.cluster), config.cluster_timeout_secs,

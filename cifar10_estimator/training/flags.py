@@ -5,8 +5,9 @@ a setting is declared once (``training.config``, ``model.params``). Booleans acc
 ``--x=false`` and ``--no-x``; tuples take comma-separated values. ``--verbose`` is the one flag
 that is not a setting: it changes what the log shows.
 
-``--recipe`` (``training.recipes``) changes defaults: a setting takes the flag's value if the
-flag is given, else the recipe's, else the field's default.
+``--model`` and ``--recipe`` change defaults: a setting takes the flag's value if the flag is
+given, else the recipe's (``training.recipes``), else the model's (``model.params.MODEL_DEFAULTS``),
+else the field's default.
 """
 
 import argparse
@@ -14,6 +15,7 @@ import dataclasses
 import typing
 from typing import Optional, Sequence
 
+from cifar10_estimator.model.params import MODEL_DEFAULTS
 from cifar10_estimator.training.config import TrainConfig, flag
 from cifar10_estimator.training.recipes import RECIPES
 
@@ -83,4 +85,5 @@ def parse(argv: Optional[Sequence[str]]) -> tuple[TrainConfig, bool]:
     args = build_parser().parse_args(argv)  # --help, and errors for bad flags, exit here
     given = vars(build_parser(defaults=False).parse_args(argv))
     given.pop("verbose", None)
-    return TrainConfig(**{**RECIPES[args.recipe], **given}), args.verbose
+    values = {**MODEL_DEFAULTS[args.model], **RECIPES[args.recipe], **given}
+    return TrainConfig(**values), args.verbose

@@ -1,8 +1,8 @@
 """Keeping a job's state safe: job-dir checks before training, clear errors during it.
 
 Before anything is written, ``check_job_dir`` makes sure the job dir can be written and that any
-checkpoints in it belong to the network the flags describe (depth and block version, read from
-the checkpoint's variable names, so it also works on job dirs this package did not write).
+checkpoints in it belong to the network the flags describe (the model, a ResNet's depth and block
+version, read from the checkpoint's variable names, so it also works on job dirs this package did not write).
 ``training_errors`` turns the TensorFlow errors a user can cause or fix into one-line
 ``UserError`` messages: a corrupt or truncated record file (named), a loss that became NaN, a
 checkpoint that does not fit the model, a checkpoint that cannot be written (a full disk or a
@@ -20,14 +20,16 @@ import tensorflow as tf
 
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.model.checkpoints import checkpoint_model
+from cifar10_estimator.model import networks
+from cifar10_estimator.model.checkpoints import checkpoint_model, model_flags
 from cifar10_estimator.model.model_fn import NAN_LOSS_MESSAGE
+from cifar10_estimator.model.params import ModelParams
 
 # Writes that found no room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE).
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def check_job_dir(job_dir: str, num_layers: int, resnet_version: int,
+def check_job_dir(job_dir: str, params: ModelParams,
                   num_classes: int = schema.NUM_CLASSES) -> None:
     """Creates ``job_dir`` if needed; UserError if it is unusable or holds another model."""
     try:
@@ -50,16 +52,17 @@ def check_job_dir(job_dir: str, num_layers: int, resnet_version: int,
                         f"--job-dir") from None
     if found is None:
         raise UserError(f"--job-dir {job_dir} holds checkpoints of a different model "
-                        f"({os.path.basename(latest)} has no CIFAR ResNet variables); use a "
+                        f"({os.path.basename(latest)} has neither network's variables); use a "
                         f"new --job-dir")
-    if found[:2] != (num_layers, resnet_version):
+    network, classes = found
+    if networks.describe(network) != networks.describe(params):
         raise UserError(
-            f"--job-dir {job_dir} holds checkpoints of a ResNet-{found[0]} v{found[1]}, but the "
-            f"flags ask for ResNet-{num_layers} v{resnet_version}; resume with --num-layers "
-            f"{found[0]} --resnet-version {found[1]}, or use a new --job-dir")
-    if found[2] != num_classes:
+            f"--job-dir {job_dir} holds checkpoints of {networks.describe(network)}, but the "
+            f"flags ask for {networks.describe(params)}; resume with {model_flags(network)}, "
+            f"or use a new --job-dir")
+    if classes != num_classes:
         raise UserError(
-            f"--job-dir {job_dir} holds checkpoints of a model with {found[2]} classes, but "
+            f"--job-dir {job_dir} holds checkpoints of a model with {classes} classes, but "
             f"the records in --data-dir have {num_classes}; use the --data-dir it was trained "
             f"on, or a new --job-dir")
 

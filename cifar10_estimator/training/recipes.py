@@ -8,14 +8,14 @@
   docs/performance.md): the one-cycle schedule at a linearly scaled peak, a larger batch, label
   smoothing and bf16 where the CPU has it.
 
-A recipe only changes defaults: a flag given on the command line wins over it
-(``training.flags``), and the trainer logs every value a recipe sets, marking those given.
+A recipe only changes defaults: it wins over the model's (``--model``), a flag given on the
+command line wins over it (``training.flags``), and the trainer logs every value a recipe sets, marking those given.
 """
 
 import dataclasses
 from typing import Any
 
-from cifar10_estimator.model.params import flag
+from cifar10_estimator.model.params import MODEL_DEFAULTS, flag
 
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
@@ -54,6 +54,7 @@ def describe(config) -> str:
     """``recipe NAME: --flag value, ...`` for a config, marking the values given by flags."""
     recipe = RECIPES[config.recipe]
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    defaults.update(MODEL_DEFAULTS[config.model])
     parts = []
     for name in SHOWN:
         value = getattr(config, name)

@@ -27,7 +27,7 @@ RECORD_FILE = "settings.json"
 # The TrainConfig fields that define a run (what the checkpoints mean). Not here: where things
 # are (folders), how the work is spread (devices, towers, threads, cluster waits), how often
 # things happen (checkpoints, evaluations, logs) and --train-steps.
-RUN_FIELDS = ("num_layers", "resnet_version", "train_batch_size", "learning_rate",
+RUN_FIELDS = ("model", "num_layers", "resnet_version", "train_batch_size", "learning_rate",
               "lr_reference_batch", "lr_schedule", "warmup_epochs", "lr_boundary_epochs",
               "lr_decay_factors", "momentum", "weight_decay", "label_smoothing",
               "moving_average_decay", "batch_norm_decay", "batch_norm_epsilon", "sync",
