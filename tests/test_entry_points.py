@@ -15,6 +15,7 @@ COMMANDS = {
     "generator": ([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py")],
                   "cifar10-generate-tfrecords"),
     "predict": ([sys.executable, "-m", "cifar10_estimator.predict"], "cifar10-predict"),
+    "evaluate": ([sys.executable, "-m", "cifar10_estimator.evaluate"], "cifar10-evaluate"),
     "demo": ([sys.executable, "-m", "cifar10_estimator.demo"], "cifar10-demo"),
     "cluster": ([sys.executable, "-m", "cifar10_estimator.cluster"], "cifar10-cluster"),
 }

@@ -56,7 +56,7 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """Parses a [B] batch of serialized Examples to uint8 HWC images [B,32,32,3] and int32 labels."""
+    """Parses a [B] batch of serialized Examples: uint8 HWC images [B,32,32,3], int32 labels."""
     parsed = tf.io.parse_example(serialized, schema.FEATURE_SPEC)
     return schema.decode_images(parsed["image"]), tf.cast(parsed["label"], tf.int32)
 
@@ -152,11 +152,18 @@ class Cifar10DataSet:
           shuffle_buffer: records in the shuffle buffer; default the whole file, so every
             epoch is a uniform permutation.
         """
-        # Several reader threads: records are small, so one reader is latency-bound.
-        records = tf.data.TFRecordDataset(self.path, buffer_size=8 << 20)
         if self.subset == "train":
-            return self._training_batches(records, batch_size, seed, shuffle_buffer)
-        return self._evaluation_batches(records, batch_size)
+            return self._training_batches(self._records(), batch_size, seed, shuffle_buffer)
+        return self.one_pass(batch_size)
+
+    def one_pass(self, batch_size: int) -> tf.data.Dataset:
+        """One ordered pass over this subset (the training file too), without augmentation,
+        padded as the module docstring says: what an evaluation reads."""
+        return self._evaluation_batches(self._records(), batch_size)
+
+    def _records(self) -> tf.data.Dataset:
+        # A large read buffer: records are small, so unbuffered reads are latency-bound.
+        return tf.data.TFRecordDataset(self.path, buffer_size=8 << 20)
 
     def _training_batches(self, records, batch_size, seed, shuffle_buffer):
         buffer = shuffle_buffer or max(self.num_examples(), 1)

@@ -76,7 +76,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag(field.name), type=tp, **kwargs)
     parser.add_argument("--verbose", action="store_true",
-                        default=False if defaults else argparse.SUPPRESS, help="show all of TensorFlow's log, deprecation notices included")
+                        default=False if defaults else argparse.SUPPRESS,
+                        help="show all of TensorFlow's log, deprecation notices included")
     return parser
 
 

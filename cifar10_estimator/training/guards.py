@@ -1,14 +1,15 @@
 """Keeping a job's state safe: job-dir checks before training, clear errors during it.
 
 Before anything is written, ``check_job_dir`` makes sure the job dir can be written and that any
-checkpoints in it belong to the network the flags describe (the model, a ResNet's depth and block
-version, read from the checkpoint's variable names, so it also works on job dirs this package did not write).
-``training_errors`` turns the TensorFlow errors a user can cause or fix into one-line
-``UserError`` messages: a corrupt or truncated record file (named), a loss that became NaN, a
-checkpoint that does not fit the model, a checkpoint that cannot be written (a full disk or a
-quota, recognised by the operating system's own words for them). Interrupted runs need no guard: TensorFlow writes each
-checkpoint's files and then atomically replaces the ``checkpoint`` index, so a kill at any
-moment leaves the previous checkpoint as the latest, and a rerun resumes from it.
+checkpoints in it belong to the network the flags describe (the model, a ResNet's depth and
+block version, read from the checkpoint's variable names, so it also works on job dirs this
+package did not write). ``training_errors`` turns the TensorFlow errors a user can cause or fix
+into one-line ``UserError`` messages: a corrupt or truncated record file (named), a loss that
+became NaN, a checkpoint that does not fit the model, a checkpoint that cannot be written (a
+full disk or a quota, recognised by the operating system's own words for them). Interrupted
+runs need no guard: TensorFlow writes each checkpoint's files and then atomically replaces the
+``checkpoint`` index, so a kill at any moment leaves the previous checkpoint as the latest, and
+a rerun resumes from it.
 """
 
 import contextlib

@@ -9,7 +9,8 @@
   smoothing and bf16 where the CPU has it.
 
 A recipe only changes defaults: it wins over the model's (``--model``), a flag given on the
-command line wins over it (``training.flags``), and the trainer logs every value a recipe sets, marking those given.
+command line wins over it (``training.flags``), and the trainer logs every value a recipe
+sets, marking those given.
 """
 
 import dataclasses

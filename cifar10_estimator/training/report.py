@@ -77,7 +77,11 @@ def build(metrics: Mapping, names: Sequence[str], dataset: str) -> dict:
 
 def write(job_dir: str, report: dict) -> str:
     """Writes ``JOB/eval_report.json`` atomically; returns its path."""
-    path = os.path.join(job_dir, REPORT_FILE)
+    return write_file(os.path.join(job_dir, REPORT_FILE), report)
+
+
+def write_file(path: str, report: dict) -> str:
+    """Writes the report to ``path`` atomically; returns the path."""
     fsutil.write_bytes_atomic(path, (json.dumps(report, indent=1) + "\n").encode())
     return path
 
@@ -85,7 +89,9 @@ def write(job_dir: str, report: dict) -> str:
 def log_lines(report: dict) -> list[str]:
     """What the log shows: the per-class table and the most confused pairs."""
     confusion = np.asarray(report["confusion_matrix"], np.float64)
-    lines = [f"per-class accuracy at step {report['global_step']} ({report['dataset']}):"]
+    step = report["global_step"]
+    at = f" at step {step}" if step >= 0 else ""
+    lines = [f"per-class accuracy{at} ({report['dataset']}):"]
     lines += table(confusion, report["class_names"])
     pairs = report["most_confused"]
     if pairs:

@@ -1,0 +1,80 @@
+"""The evaluate command: ``python -m cifar10_estimator.evaluate`` (``cifar10-evaluate``).
+
+Evaluates a SavedModel export, or a job dir's latest (or named) checkpoint, once on a split of a
+records folder; prints the accuracy, the per-class table and the most confused pairs, and writes
+the report JSON (``training.evaluation`` and ``training.report`` do the work).
+"""
+
+import argparse
+import os
+import sys
+from typing import Optional, Sequence
+
+from cifar10_estimator import logs
+from cifar10_estimator.data import schema
+from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.training import cpu
+
+PROG = "evaluate"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m cifar10_estimator.evaluate",
+        description="Evaluate a SavedModel export or a job dir's checkpoint once on a split of "
+                    "a records folder: accuracy, per-class table, most confused pairs, report "
+                    "JSON.")
+    parser.add_argument("model", metavar="MODEL",
+                        help="a job dir (its latest checkpoint, with the settings it recorded), "
+                             "a SavedModel folder (JOB_DIR/export/<version>) or an export "
+                             "folder (its newest version)")
+    parser.add_argument("--data-dir", required=True,
+                        help="records folder (CIFAR-10, CIFAR-100 or an image folder's)")
+    parser.add_argument("--split", default="eval", choices=sorted(schema.SPLITS),
+                        help="which records to evaluate on (default: eval)")
+    parser.add_argument("--checkpoint", metavar="STEP_OR_PATH",
+                        help="a job dir's checkpoint: a global step or a checkpoint path "
+                             "(default: the latest)")
+    parser.add_argument("--batch-size", type=int, default=100,
+                        help="pictures per evaluation batch (default: 100)")
+    parser.add_argument("--report", metavar="PATH",
+                        help="where the report JSON goes (default: JOB_DIR/eval_report_<split>_"
+                             "step<N>.json for a job dir, eval_report_<split>.json in the "
+                             "current folder for an export)")
+    return parser
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
+    args = _parser().parse_args(argv)
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be 1 or more, got {args.batch_size}")
+    cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as every command does
+    logs.import_tensorflow_quietly(cpp_level="3")
+    from cifar10_estimator.data import metadata
+    from cifar10_estimator.training import evaluation, report
+
+    info = metadata.dataset_info(args.data_dir)
+    metadata.existing_record_path(args.data_dir, args.split)  # a missing split: one line
+    model = evaluation.load(args.model, args.checkpoint, info.class_names)
+    metrics = evaluation.evaluate(model, args.data_dir, args.split, args.batch_size)
+    content = report.build(metrics, model.class_names, info.dataset)
+    content.update(split=args.split, evaluated=model.what, examples=metrics["examples"])
+    print(f"{model.what} on the {args.split} split of {args.data_dir} "
+          f"({metrics['examples']:,} pictures): accuracy = {metrics['accuracy']:.4g}, "
+          f"cross_entropy = {metrics['cross_entropy']:.4g}")
+    for line in report.log_lines(content):
+        print(line)
+    path = args.report or (
+        os.path.join(model.job_dir, f"eval_report_{args.split}_step{model.global_step}.json")
+        if model.job_dir else f"eval_report_{args.split}.json")
+    print(f"report: {report.write_file(path, content)}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console-script entry point; returns the process exit status."""
+    return run_cli(lambda: _run(argv), PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Evaluating a trained model once, outside training: what the ``evaluate`` command runs.
+
+The model is a SavedModel export (a numbered folder, or the export folder above the numbered
+ones, whose newest version is taken) or a checkpoint of a job dir (the latest, or a named one),
+which is built with the settings the job dir recorded (``settings_record``) and, when those say
+the run averaged its weights, with the averaged ones, as the trainer's evaluation is. Both become
+one function from 32x32 pictures to probabilities: the export's ``serving_default`` signature,
+or the export's own network over the checkpoint (``serving.signatures``), so a checkpoint and
+its export evaluate alike.
+
+It reads one ordered pass over a split of a records folder, counts every record once (the
+pipeline's padding rows weigh 0), and gives the metrics the trainer's final evaluation gives:
+accuracy, cross-entropy and the confusion matrix, from which ``report`` makes the per-class table,
+the most confused pairs and the report JSON.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from cifar10_estimator.data import metadata, schema
+from cifar10_estimator.data.pipeline import Cifar10DataSet
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_model, checkpoint_step
+from cifar10_estimator.model.model_fn import ModelSettings
+from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.serving import client
+from cifar10_estimator.serving.export import EVAL_METRICS_FILE
+from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
+from cifar10_estimator.training import settings_record
+
+SAVED_MODEL_FILE = "saved_model.pb"
+
+
+@dataclasses.dataclass
+class Evaluated:
+    """A model ready to evaluate: what it is, its function and class names, its step."""
+
+    what: str  # "SavedModel PATH" or "checkpoint PATH"
+    probabilities: Callable[[tf.Tensor], tf.Tensor]  # float32 [B, 32, 32, 3] 0..255 -> [B, C]
+    class_names: tuple[str, ...]
+    global_step: Optional[int]
+    job_dir: Optional[str] = None  # set for a checkpoint
+
+
+def load(path: str, checkpoint: Optional[str] = None,
+         class_names: Optional[tuple[str, ...]] = None) -> Evaluated:
+    """The model at ``path``: an export, an export folder or a job dir.
+
+    Args:
+      path: the folder.
+      checkpoint: for a job dir, a checkpoint's path or global step (default: the latest).
+      class_names: a job dir's class names (its records'); an export has its own.
+
+    Raises:
+      UserError: ``path`` is none of those, or the checkpoint does not exist.
+    """
+    if not os.path.isdir(path):
+        raise UserError(f"{path} is not a folder; pass a SavedModel export or a job dir")
+    version = _export_version(path)
+    if version:
+        if checkpoint is not None:
+            raise UserError(f"--checkpoint applies to a job dir, and {path} is an export")
+        return _load_export(version)
+    if tf.train.latest_checkpoint(path) or checkpoint is not None:
+        return _load_checkpoint(path, _checkpoint_path(path, checkpoint), class_names)
+    raise UserError(f"{path} is neither a SavedModel export (no {SAVED_MODEL_FILE}, nor "
+                    f"numbered folders with one) nor a job dir (no checkpoint); pass a "
+                    f"trainer's JOB_DIR, JOB_DIR/export or JOB_DIR/export/<version>")
+
+
+def _export_version(path: str) -> Optional[str]:
+    """``path`` if it is an export, its newest numbered version if it holds them, else None."""
+    if os.path.isfile(os.path.join(path, SAVED_MODEL_FILE)):
+        return path
+    versions = [int(name) for name in os.listdir(path) if name.isdigit()
+                and os.path.isfile(os.path.join(path, name, SAVED_MODEL_FILE))]
+    return os.path.join(path, str(max(versions))) if versions else None
+
+
+def _load_export(folder: str) -> Evaluated:
+    _, signature = client.load_model(folder)
+    num_classes = int(signature.structured_outputs["probabilities"].shape[-1])
+    step = None
+    try:
+        with open(os.path.join(folder, EVAL_METRICS_FILE)) as f:
+            step = int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # an export without its evaluation's scalars
+    return Evaluated(f"SavedModel {folder}",
+                     lambda images: signature(images=images)["probabilities"],
+                     client.class_names(folder, num_classes), step)
+
+
+def _checkpoint_path(job_dir: str, checkpoint: Optional[str]) -> str:
+    if checkpoint is None:
+        return tf.train.latest_checkpoint(job_dir)
+    path = (os.path.join(job_dir, f"model.ckpt-{checkpoint}") if checkpoint.isdigit()
+            else checkpoint)
+    if checkpoint_gone(path):
+        state = tf.train.get_checkpoint_state(job_dir)
+        kept = [checkpoint_step(p) for p in state.all_model_checkpoint_paths] if state else []
+        raise UserError(f"--checkpoint {checkpoint}: {path} does not exist; {job_dir} keeps "
+                        f"the checkpoints of steps {', '.join(map(str, kept)) or 'none'}")
+    return path
+
+
+def _recorded_params(job_dir: str, checkpoint: str) -> ModelParams:
+    """The network and its averaging as the job dir recorded them; for a job dir without
+    ``settings.json`` (older versions), as the checkpoint's variables show them."""
+    recorded = settings_record.read(job_dir)
+    if recorded is not None:
+        fields = {f.name for f in dataclasses.fields(ModelParams)}
+        values = {k: tuple(v) if isinstance(v, list) else v
+                  for k, v in recorded.items() if k in fields}
+        return ModelParams(**values)
+    found = checkpoint_model(checkpoint)
+    if found is None:
+        raise UserError(f"{checkpoint} holds neither network's variables; pass a job dir of "
+                        f"this package")
+    averaged = any(name.endswith("/" + AVERAGE_SUFFIX)
+                   for name, _ in tf.train.list_variables(checkpoint))
+    return dataclasses.replace(found[0], moving_average_decay=0.9999 if averaged else 0.0)
+
+
+def _load_checkpoint(job_dir: str, checkpoint: str,
+                     class_names: Optional[tuple[str, ...]]) -> Evaluated:
+    params = _recorded_params(job_dir, checkpoint)
+    found = checkpoint_model(checkpoint)
+    num_classes = found[1] if found else schema.NUM_CLASSES
+    if class_names is None or len(class_names) != num_classes:
+        class_names = tuple(f"class {i}" for i in range(num_classes))
+    settings = ModelSettings(params=params, class_names=class_names)
+    weights = FrozenWeights(checkpoint, averaged=params.moving_average_decay > 0)
+    network = ServingModule(settings, weights).network
+    return Evaluated(f"checkpoint {checkpoint}", lambda images: network(images)["probabilities"],
+                     class_names, checkpoint_step(checkpoint), job_dir)
+
+
+def evaluate(model: Evaluated, data_dir: str, split: str, batch_size: int = 100) -> dict:
+    """The metrics of one pass over ``split``: accuracy, cross_entropy, confusion_matrix,
+    global_step (-1 if unknown) and examples.
+
+    Raises:
+      UserError: the split is missing, or its classes are not the model's.
+    """
+    info = metadata.dataset_info(data_dir)
+    classes = len(model.class_names)
+    if info.num_classes != classes:
+        raise UserError(f"the records in {data_dir} have {info.num_classes} classes, and "
+                        f"{model.what} has {classes}; evaluate it on the records it was trained "
+                        f"on, or on records with the same classes")
+    data = Cifar10DataSet(data_dir, split, use_distortion=False)
+    metadata.verify_split(data_dir, split)
+    confusion = np.zeros([classes, classes])
+    cross_entropy = 0.0
+    for features, labels in data.one_pass(batch_size):
+        probabilities = model.probabilities(features["image"]).numpy()
+        weight, labels = features["weight"].numpy(), labels.numpy()
+        np.add.at(confusion, (labels, probabilities.argmax(axis=1)), weight)
+        picked = probabilities[np.arange(len(labels)), labels]
+        # As the trainer's metric: the softmax cross-entropy of the true class, averaged.
+        cross_entropy += float(np.sum(-np.log(np.maximum(picked, 1e-30)) * weight))
+    examples = confusion.sum()
+    return {"accuracy": float(np.trace(confusion) / max(examples, 1)),
+            "cross_entropy": cross_entropy / max(examples, 1),
+            "confusion_matrix": confusion,
+            "global_step": model.global_step if model.global_step is not None else -1,
+            "examples": int(examples)}
