@@ -134,7 +134,9 @@ def test_job_dir_of_another_model_is_refused_by_name(tiny_records, tmp_path, cap
     before = sorted(os.listdir(job_dir))
     capsys.readouterr()
     for flags, found in ([["--num-layers", "14"], "ResNet-8 v1, but the flags ask for ResNet-14 v1"],
-                         [["--resnet-version", "2"], "ResNet-8 v1, but the flags ask for ResNet-8 v2"]):
+                         [["--resnet-version", "2"], "ResNet-8 v1, but the flags ask for ResNet-8 v2"],
+                         [["--model", "tutorial-cnn"],
+                          "ResNet-8 v1, but the flags ask for the tutorial CNN"]):
         assert train.main([*base, "--train-steps", "4", *flags]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert found in err and "--num-layers 8 --resnet-version 1" in err
