@@ -1,7 +1,7 @@
 """Accuracy against epochs and wall time, trained to the end on real pictures: the paper recipe,
 the fast recipe and the same network in Keras.
 
-Three runs, one after the other, each in its own process:
+Four runs, one after the other, each in its own process:
 
 - ``paper``: our trainer, ``--recipe paper --train-epochs E``, with the learning-rate drops
   scaled to the run. The default boundaries (82, 123, 300 epochs) belong to the default run of
@@ -9,6 +9,9 @@ Three runs, one after the other, each in its own process:
   multiplied by E / 227.6, so a short run drops its rate at the same fractions of its length.
 - ``fast``: our trainer, ``--recipe fast --train-epochs F`` (plus ``--fast-flags``, to try
   alternatives).
+- ``tutorial``: our trainer with the original tutorial's CNN, ``--model tutorial-cnn``, and
+  that model's own defaults (plain SGD at 0.1, weight decay 0.004 on its hidden layers, 24x24
+  crops with colour distortions, evaluation with weights averaged at 0.9999), E epochs.
 - ``keras``: our ResNet built in Keras (``keras_resnet.build_resnet``) with the paper recipe:
   SGD with momentum 0.9, weight decay 2e-4, the same scaled piecewise schedule, batch 128,
   ``model.fit`` on the same TFRecords through the package's own input pipeline (same
@@ -66,10 +69,10 @@ from cifar10_estimator.logs import import_tensorflow_quietly
 from cifar10_estimator.model.params import ModelParams
 from cifar10_estimator.training import cpu
 from cifar10_estimator.training.config import DEFAULT_TRAIN_STEPS, TrainConfig
-from cifar10_estimator.training.recipes import RECIPES
+from cifar10_estimator.training import flags as trainer_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = ("paper", "fast", "keras")
+RUNS = ("paper", "fast", "keras", "tutorial")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelParams)}
 # The training images the tutorial's 80,000 steps were counted against: its hard-coded 45,000
@@ -159,15 +162,10 @@ def epoch_steps(train_records: int, batch: int) -> int:
     return train_records // batch
 
 
-def recipe_batch(recipe: str, extra_flags: list[str]) -> int:
-    """The training batch of a trainer run: a --train-batch-size among ``extra_flags``, else
-    the recipe's, else TrainConfig's default."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--train-batch-size", type=int)
-    given = parser.parse_known_args(extra_flags)[0].train_batch_size
-    if given is not None:
-        return given
-    return RECIPES[recipe].get("train_batch_size", DEFAULTS["train_batch_size"])
+def run_batch(flags: list[str]) -> int:
+    """The training batch of a trainer run with these flags, as the trainer resolves it (a
+    flag given, else the recipe's, else the model's, else the default)."""
+    return trainer_flags.parse(flags)[0].train_batch_size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,13 +217,16 @@ def run_logged(run: Run) -> Run:
 
 def trainer_run(name: str, args, data_dir: str, train_records: int, epochs: float,
                 extra: list[str]) -> Run:
+    """Our trainer: --recipe NAME (paper or fast), or the paper recipe with the tutorial CNN."""
     folder = os.path.join(args.work_dir, "runs", name)
     shutil.rmtree(folder, ignore_errors=True)  # a fresh job folder: no resuming
-    batch = recipe_batch(name, extra)
+    model = (["--model", "tutorial-cnn", "--recipe", "paper"] if name == "tutorial" else
+             ["--num-layers", str(args.depth), "--recipe", name])
+    batch = run_batch([*model, *extra])
     steps_per_epoch = epoch_steps(train_records, batch)
     command = [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
-               "--job-dir", os.path.join(folder, "job"), "--num-layers", str(args.depth),
-               "--recipe", name, "--train-epochs", f"{epochs:g}", "--seed", str(args.seed),
+               "--job-dir", os.path.join(folder, "job"), *model,
+               "--train-epochs", f"{epochs:g}", "--seed", str(args.seed),
                # A checkpoint per epoch, each evaluated as soon as it is written.
                "--save-checkpoints-steps", str(steps_per_epoch), "--eval-throttle-secs", "1",
                *extra]
@@ -342,6 +343,11 @@ def summarise(runs: dict[str, Run]) -> dict:
             pairs.append({"epoch": e.epoch, "fast": e.accuracy, "paper_epoch": p.epoch,
                           "paper": p.accuracy})
         summary["equal_epochs"] = pairs
+    tutorial = runs.get("tutorial")
+    if tutorial is not None:
+        print(f"tutorial CNN: {100 * tutorial.final.accuracy:.2f}% at epoch "
+              f"{tutorial.final.epoch:.2f}, after {tutorial.final.minutes:.2f} min")
+        summary["tutorial"] = dataclasses.asdict(tutorial.final)
     if keras is not None:
         points = 100 * (keras.final.accuracy - target.accuracy)
         print(f"keras: {100 * keras.final.accuracy:.2f}% at epoch {keras.final.epoch:.2f}, "
@@ -362,7 +368,7 @@ def parse_args(argv=None):
                         help="epochs of the fast run (default 5)")
     parser.add_argument("--depth", type=int, default=20, help="ResNet depth, 6n+2 (default 20)")
     parser.add_argument("--runs", default=",".join(RUNS),
-                        help="which runs, in this order (default paper,fast,keras)")
+                        help=f"which runs, in this order (default {','.join(RUNS)})")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--per-class", type=int, default=None,
                         help="training (and, up to 1,000, test) pictures per class (default: "
@@ -418,6 +424,8 @@ def main(argv=None) -> int:
         elif name == "fast":
             run = trainer_run("fast", args, data_dir, train_records, args.fast_epochs,
                               shlex.split(args.fast_flags))
+        elif name == "tutorial":
+            run = trainer_run("tutorial", args, data_dir, train_records, args.epochs, [])
         else:
             run = keras_run(args, data_dir, train_records, boundaries)
         print(f"\n{name}: batch {run.batch_size}, {run.steps_per_epoch} steps per epoch\n  "
