@@ -8,22 +8,27 @@ every task runs the trainer with everything after ``--`` and its own ``TF_CONFIG
 training finished, 1 when a task failed, 130 when interrupted (Ctrl-C or SIGTERM).
 """
 
-import argparse
 import signal
 import sys
 from typing import Optional, Sequence, TextIO
 
+from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.training import flags
 from cifar10_estimator.training.launcher import Cluster, plan
 
-PROG = "cifar10_estimator.cluster"
+MODULE = "cifar10_estimator.cluster"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {PROG}",
-        usage=f"python -m {PROG} [--num-workers N] [--num-ps M] [--evaluator] -- TRAINER_FLAGS...",
+def build_parser() -> cli.Parser:
+    prog = cli.invoked_as(MODULE)
+    parser = cli.Parser(
+        MODULE,
+        usage="%(prog)s [--num-workers N] [--num-ps M] [--evaluator] [@FLAGFILE] -- "
+              "TRAINER_FLAGS...",
+        examples=(f"{prog} --num-workers 2 -- --data-dir cifar10-data --job-dir cluster-job "
+                  f"--num-layers 20",
+                  f"{prog} --num-workers 3 --evaluator -- @job.flags --sync"),
         description="Start a TensorFlow training cluster on this host's loopback interface: "
                     "every task runs `python -m cifar10_estimator TRAINER_FLAGS` with its own "
                     "TF_CONFIG. Exits 0 when training finished, 1 when a task failed.")
@@ -73,7 +78,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_cli(lambda: run(argv), PROG)
+    return run_cli(lambda: run(argv), MODULE)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,18 @@ and 85 % of its run. ``--precision auto`` trains in bf16 on CPUs with native bf1
 faster), else fp32. The wall time of every stage is printed at the end.
 """
 
-import argparse
+import json
 import os
 import sys
 import time
 from typing import Optional, Sequence
 
+from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.training import cpu
 
 
+MODULE = "cifar10_estimator.demo"
 BATCH_SIZE = 128  # the tutorial's batch
 
 
@@ -73,11 +75,31 @@ def write_example_images(data_dir: str, out_dir: str, count: int) -> list[str]:
     return paths
 
 
+def _finished(job_dir: str, train_steps: int) -> Optional[tuple[int, float, str]]:
+    """(step, eval accuracy, newest export) of a run that already trained to ``train_steps``
+    and reported and exported its final evaluation; None otherwise."""
+    from cifar10_estimator.model.checkpoints import latest_step
+    from cifar10_estimator.serving.client import newest_export
+    from cifar10_estimator.training.report import REPORT_FILE
+
+    step = latest_step(job_dir) if os.path.isdir(job_dir) else 0
+    if step < train_steps:
+        return None
+    try:
+        with open(os.path.join(job_dir, REPORT_FILE)) as f:
+            report = json.load(f)
+        return int(report["global_step"]), float(report["accuracy"]), newest_export(
+            os.path.join(job_dir, "export"))
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return None  # finished without its report or export: the trainer makes them again
+
+
 def _run(argv: Optional[Sequence[str]]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cifar10_estimator.demo",
-        description="Sample data -> TFRecords -> train ResNet-20 -> evaluate -> export -> "
-                    "classify, on the CPU in a few minutes.")
+    parser = cli.Parser(
+        MODULE, description="Sample data -> TFRecords -> train ResNet-20 -> evaluate -> export "
+                            "-> classify, on the CPU in a few minutes. Run again, it skips what "
+                            "is done: the records, and the training once it reached "
+                            "--train-steps.")
     parser.add_argument("--work-dir", default="demo-run",
                         help="folder for data, checkpoints and the export (default: demo-run)")
     parser.add_argument("--train-steps", type=int, default=400,
@@ -115,27 +137,32 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                    "--eval-batch-size", "250", "--lr-boundary-epochs", boundaries,
                    "--lr-decay-factors", "1,0.1,0.01", "--save-checkpoints-steps", "500",
                    "--eval-throttle-secs", "60", "--seed", "1", "--precision", "auto"]
-    print("python -m cifar10_estimator " + " ".join(train_flags), flush=True)
-    result = train.run(train_flags)
-    accuracy = result.eval_metrics["accuracy"] if result.eval_metrics else float("nan")
+    finished = _finished(job_dir, args.train_steps)
+    if finished:
+        step, accuracy, saved_model = finished
+        print(f"already trained to step {step} in {job_dir}: nothing to train; its final "
+              f"evaluation and export are kept", flush=True)
+    else:
+        print("python -m cifar10_estimator " + " ".join(train_flags), flush=True)
+        result = train.run(train_flags)
+        accuracy = result.eval_metrics["accuracy"] if result.eval_metrics else None
+        saved_model = result.export_path
 
     stages.begin("3. classify a few held-out images with the SavedModel")
-    export_dir = os.path.join(job_dir, "export")
-    versions = sorted((v for v in os.listdir(export_dir) if v.isdigit()), key=int)
-    saved_model = os.path.join(export_dir, versions[-1])
     images = write_example_images(data_dir, os.path.join(args.work_dir, "images"), 5)
     print("python -m cifar10_estimator.predict --saved-model " + saved_model + " " +
           " ".join(images), flush=True)
     status = predict.main(["--saved-model", saved_model, *images])
     print(f"\n{stages.summary()}")
-    print(f"eval accuracy of ResNet-20 after {args.train_steps} steps: {accuracy:.2%} "
+    shown = "not evaluated" if accuracy is None else f"{accuracy:.2%}"
+    print(f"eval accuracy of ResNet-20 after {args.train_steps} steps: {shown} "
           f"(SavedModel: {saved_model})")
     return status
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console-script entry point; returns the process exit status."""
-    return run_cli(lambda: _run(argv), "demo")
+    return run_cli(lambda: _run(argv), MODULE)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Library code raises ``UserError`` with a one-line message that names the file, flag or value
 at fault and says how to fix it. Command-line entry points catch it in ``run_cli`` and print
-``error: <message>`` to stderr with exit status 2, without a traceback. ``Stopped`` is a task
+``<command>: error: <message>`` to stderr with exit status 2, without a traceback. ``Stopped`` is a task
 that received SIGTERM or SIGINT and stopped where nothing is lost (``training.preemption``); it
 has said so in the log, and the command exits with 128 + the signal's number. Anything else is
 a bug and keeps its traceback.
@@ -11,6 +11,8 @@ a bug and keeps its traceback.
 import signal
 import sys
 from typing import Callable
+
+from cifar10_estimator.cli import error_prefix
 
 
 class UserError(Exception):
@@ -34,9 +36,11 @@ class Stopped(Exception):
         return 128 + self.signum
 
 
-def run_cli(main_fn: Callable[[], int | None], prog: str) -> int:
+def run_cli(main_fn: Callable[[], int | None], module: str) -> int:
     """Runs ``main_fn`` and turns ``UserError``, a signal and Ctrl-C into an exit status (with
-    a one-line message for the error)."""
+    a one-line message for the error, prefixed with the name the command was run as: see
+    ``cli.invoked_as``; ``module`` is the command's module)."""
+    prog = error_prefix(module)
     try:
         return int(main_fn() or 0)
     except UserError as e:

@@ -5,22 +5,25 @@ records folder; prints the accuracy, the per-class table and the most confused p
 the report JSON (``training.evaluation`` and ``training.report`` do the work).
 """
 
-import argparse
 import os
 import sys
 from typing import Optional, Sequence
 
-from cifar10_estimator import logs
+from cifar10_estimator import cli, logs
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.training import cpu
 
-PROG = "evaluate"
+MODULE = "cifar10_estimator.evaluate"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m cifar10_estimator.evaluate",
+def _parser() -> cli.Parser:
+    prog = cli.invoked_as(MODULE)
+    parser = cli.Parser(
+        MODULE, examples=(f"{prog} cifar10-job --data-dir cifar10-data",
+                          f"{prog} cifar10-job --data-dir cifar10-data --checkpoint 40000 "
+                          f"--split validation",
+                          f"{prog} cifar10-job/export --data-dir cifar10-data"),
         description="Evaluate a SavedModel export or a job dir's checkpoint once on a split of "
                     "a records folder: accuracy, per-class table, most confused pairs, report "
                     "JSON.")
@@ -73,7 +76,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console-script entry point; returns the process exit status."""
-    return run_cli(lambda: _run(argv), PROG)
+    return run_cli(lambda: _run(argv), MODULE)
 
 
 if __name__ == "__main__":

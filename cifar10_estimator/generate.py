@@ -13,24 +13,30 @@ import sys
 import time
 from typing import Sequence
 
-from cifar10_estimator import logs
+from cifar10_estimator import cli, logs
 from cifar10_estimator.data import archives, sample_data, schema, writer
 from cifar10_estimator.data.sources import load_source
 from cifar10_estimator.errors import UserError, run_cli
 
-PROG = "generate_tfrecords"
+MODULE = "cifar10_estimator.generate"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
+    prog = cli.invoked_as(MODULE)
+    parser = cli.Parser(
+        MODULE, examples=(f"{prog} --data-dir cifar10-data",
+                          f"{prog} --data-dir cifar100-data --dataset cifar100",
+                          f"{prog} --image-folder PICTURES --output-dir my-data",
+                          f"{prog} --data-dir sample-data --sample"),
         description="Convert CIFAR-10's python batches to train/validation/eval.tfrecords. "
                     "Uses DATA_DIR/cifar-10-batches-py/ if present, else "
                     f"DATA_DIR/{archives.ARCHIVE_NAME}, else downloads it. With --sample, writes "
-                    "the built-in synthetic sample dataset into DATA_DIR first.")
-    parser.add_argument("--data-dir", required=True,
+                    "the built-in synthetic sample dataset into DATA_DIR first. With "
+                    "--image-folder, converts your own pictures.")
+    parser.add_argument("--data-dir", default=None,
                         help="folder of the python batches or archive (created for a "
-                             "download); also the default output folder")
+                             "download); also the default output folder (required, except "
+                             "with --image-folder and --output-dir)")
     parser.add_argument("--dataset", choices=("cifar10", "cifar100"), default="cifar10",
                         help="which python archive: cifar10 (default) or cifar100")
     parser.add_argument("--label-mode", choices=("fine", "coarse"), default=None,
@@ -63,6 +69,9 @@ def _refuse_combinations(args: argparse.Namespace) -> None:
     """UserError for flags that do not go together."""
     if args.label_mode is not None and args.dataset != "cifar100":
         raise UserError("--label-mode applies only with --dataset cifar100")
+    if args.data_dir is None and (args.image_folder is None or args.output_dir is None):
+        raise UserError("--data-dir is required (with --image-folder, --output-dir alone will "
+                        "do)")
     if args.image_folder is not None:
         for flag, value in (("--sample", args.sample or None), ("--source-url", args.source_url),
                             ("--source-md5", args.source_md5), ("--label-mode", args.label_mode)):
@@ -138,7 +147,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``generate_tfrecords --data-dir DIR [--output-dir D] [--sample ...]``."""
-    return run_cli(lambda: _run(argv), PROG)
+    return run_cli(lambda: _run(argv), MODULE)
 
 
 if __name__ == "__main__":

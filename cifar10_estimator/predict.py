@@ -4,26 +4,33 @@ Prints the top classes of image files with an exported SavedModel, one line per 
 class names of the dataset it was trained on (``serving.client`` does the work).
 """
 
-import argparse
+import json
 import os
 import sys
 from typing import Optional, Sequence
 
-from cifar10_estimator import logs
+from cifar10_estimator import cli, logs
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.training import cpu
 
-PROG = "predict"
+MODULE = "cifar10_estimator.predict"
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cifar10_estimator.predict",
+    prog = cli.invoked_as(MODULE)
+    parser = cli.Parser(
+        MODULE, examples=(f"{prog} --saved-model cifar10-job/export cat.jpg dog.png",
+                          f"{prog} --saved-model cifar10-job/export/1700000000 --json *.png"),
         description="Print the top classes of image files with an exported SavedModel, with "
                     "the class names of the dataset it was trained on.")
-    parser.add_argument("--saved-model", required=True,
-                        help="a SavedModel folder written by the trainer (JOB_DIR/export/<n>)")
+    parser.add_argument("--saved-model", required=True, metavar="DIR",
+                        help="a SavedModel folder written by the trainer (JOB_DIR/export/<n>), "
+                             "or the export folder above the numbered ones, whose newest "
+                             "version is used, as TensorFlow Serving does")
     parser.add_argument("--top", type=int, default=3, help="classes to show per image")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per image: its file and its top classes "
+                             "with names and probabilities")
     parser.add_argument("images", nargs="+", help="PNG/JPEG/GIF/BMP files of any size")
     args = parser.parse_args(argv)
     if args.top < 1:
@@ -32,15 +39,20 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     logs.import_tensorflow_quietly(cpp_level="3")
     from cifar10_estimator.serving import client
 
-    for path, ranked in zip(args.images, client.classify(args.saved_model, args.images, args.top)):
-        shown = ", ".join(f"{name} {p:.1%}" for name, p in ranked)
-        print(f"{path}: {shown}")
+    folder = client.newest_export(args.saved_model)
+    for path, ranked in zip(args.images, client.classify(folder, args.images, args.top)):
+        if args.json:
+            print(json.dumps({"file": path, "saved_model": folder,
+                              "top": [{"class_name": name, "probability": round(p, 6)}
+                                      for name, p in ranked]}))
+        else:
+            print(f"{path}: " + ", ".join(f"{name} {p:.1%}" for name, p in ranked))
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console-script entry point; returns the process exit status."""
-    return run_cli(lambda: _run(argv), PROG)
+    return run_cli(lambda: _run(argv), MODULE)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from cifar10_estimator import logs
 from cifar10_estimator.errors import run_cli
 from cifar10_estimator.training import cpu, flags
 
-PROG = "cifar10_estimator"
 log = logging.getLogger("cifar10_estimator")
 
 
@@ -54,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def train_only() -> int:
         run(argv)
         return 0
-    return run_cli(train_only, PROG)
+    return run_cli(train_only, flags.MODULE)
 
 
 if __name__ == "__main__":

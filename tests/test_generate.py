@@ -229,7 +229,7 @@ def assert_one_line_error(result, *fragments):
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("generate_tfrecords: error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("generate_tfrecords.py: error: "), result.stderr
     for fragment in fragments:
         assert fragment in lines[0]
 

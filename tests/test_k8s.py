@@ -89,3 +89,25 @@ def test_every_replica_runs_the_trainer_with_flags_it_accepts(tfjob):
         assert "/shared" in mounts, name
         assert 2222 in [p["containerPort"] for p in container.get("ports", [])] or \
             name == "Evaluator", name
+
+
+# The operator's own TFJob CRD (kubeflow/training-operator v1.9.0), where it is provided:
+# ../shared/k8s/ beside the clone (CI has it; a user's fresh clone does not).
+OPERATOR_CRD = os.path.join(os.path.dirname(REPO), "shared", "k8s", "kubeflow.org_tfjobs.yaml")
+
+
+@pytest.mark.skipif(not os.path.isfile(OPERATOR_CRD),
+                    reason=f"the operator's CRD is not at {OPERATOR_CRD}")
+def test_the_manifest_passes_the_operators_own_schema(tfjob):
+    with open(OPERATOR_CRD) as f:
+        crd = yaml.safe_load(f)
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    # An OpenAPI v3 schema: JSON Schema's keywords, plus x-kubernetes-* ones jsonschema ignores.
+    schema = version["schema"]["openAPIV3Schema"]
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(tfjob)]
+    assert not errors, errors
+    # And it refuses what the API server would: a replica count that is no integer.
+    broken = copy.deepcopy(tfjob)
+    broken["spec"]["tfReplicaSpecs"]["PS"]["replicas"] = "two"
+    assert list(validator.iter_errors(broken))

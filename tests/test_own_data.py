@@ -183,7 +183,8 @@ def test_an_image_folder_trains_and_serves_the_same_pixels(tmp_path, capsys):
     root = tmp_path / "pictures"
     written = write_image_folder(root, np.random.default_rng(0))
     data_dir = str(tmp_path / "data")
-    assert generate.main(["--data-dir", data_dir, "--image-folder", str(root)]) == 0
+    # No --data-dir needed: nothing is read from it.
+    assert generate.main(["--image-folder", str(root), "--output-dir", data_dir]) == 0
     out = capsys.readouterr().out
     assert "1 non-image file(s) left out" in out
     info = metadata.dataset_info(data_dir)
@@ -218,8 +219,8 @@ def test_a_broken_picture_stops_the_conversion_naming_it_and_writes_nothing(tmp_
     data_dir = tmp_path / "data"
     assert generate.main(["--data-dir", str(data_dir), "--image-folder", str(root)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == (f"generate_tfrecords: error: {bad} is not a readable PNG, JPEG, GIF or BMP "
-                   f"image; remove or replace it")
+    assert err == (f"cifar10_estimator.generate: error: {bad} is not a readable PNG, JPEG, GIF "
+                   f"or BMP image; remove or replace it")
     assert not data_dir.exists() or not list(data_dir.glob("*.tfrecords"))
 
 

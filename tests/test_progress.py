@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -32,8 +34,8 @@ def test_progress_line_says_step_total_percent_rate_and_eta():
     assert progress.progress_line(5, 5, 1.0, 0.0).endswith("ETA -")
 
 
-def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(caplog):
-    # A real graph and MonitoredSession; only the clock is ours: every step "takes" 0.5 s.
+def _progress_lines(caplog, every_secs: float, steps: int) -> list[str]:
+    """Progress lines of ``steps`` real steps from 500 that "take" 0.5 s each."""
     now = [100.0]
     with tf.Graph().as_default():
         step = tf.compat.v1.get_variable(  # a run resumed at step 500
@@ -44,14 +46,26 @@ def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(capl
         # What the model_fn names its loss and learning rate: the hook fetches them so.
         tf.constant(0.25, name=model_fn.LOSS_TENSOR.split(":")[0])
         tf.constant(0.1, name=model_fn.LEARNING_RATE_TENSOR.split(":")[0])
-        hook = progress.ProgressHook(batch_size=8, total_steps=560, every_secs=4.0,
+        hook = progress.ProgressHook(batch_size=8, total_steps=560, every_secs=every_secs,
                                      clock=lambda: now[0])
         with caplog.at_level("INFO", logger="cifar10_estimator"):
             with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
-                for _ in range(40):
+                for _ in range(steps):
                     now[0] += 0.5
                     sess.run(train_op)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+
+
+def test_the_first_line_comes_5_s_after_the_first_step_then_one_every_interval(caplog):
+    # 59 timed steps of 0.5 s with --progress-secs 15: lines at 5 s and at 20 s.
+    lines = _progress_lines(caplog, 15.0, 60)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(("step 510/560", "step 511/560")), lines[0]
+
+
+def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(caplog):
+    # A real graph and MonitoredSession; only the clock is ours: every step "takes" 0.5 s.
+    lines = _progress_lines(caplog, 4.0, 40)
     # 39 steps of 0.5 s after the first (untimed) one: a line every 4 s, never every step.
     assert len(lines) == 4, lines
     # The step is read in the same run as its increment (either order): 509 or 510 after
@@ -186,6 +200,21 @@ def test_the_command_line_prints_progress_table_and_summary(tiny_records, tmp_pa
     summary = lines.index(next(l for l in lines if "run summary:" in l))
     tail = "\n".join(lines[summary:])
     assert "final accuracy" in tail and "images/s" in tail
-    assert "predict:    python -m cifar10_estimator.predict --saved-model" in tail
     assert f"report:     {job_dir}/eval_report.json" in tail
+    # The commands work when pasted into a shell without the virtual environment active.
+    commands = dict(re.match(r"^[\d:]+\s+(\w+):\s+(.*)$", line).groups()
+                    for line in lines[summary + 1:])
+    assert commands["predict"].startswith(
+        f"{shlex.quote(sys.executable)} -m cifar10_estimator.predict --saved-model ")
+    picture = str(tmp_path / "picture.png")
+    with open(picture, "wb") as f:
+        f.write(tf.io.encode_png(np.full((20, 30, 3), 90, np.uint8)).numpy())
+    bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    for command, says in ((commands["predict"].replace("IMAGE...", picture), picture + ": "),
+                          (commands["evaluate"], "on the eval split")):
+        pasted = subprocess.run(command, shell=True, env=bare, capture_output=True, text=True,
+                                cwd=REPO, timeout=300)
+        assert pasted.returncode == 0 and says in pasted.stdout, pasted.stderr[-2000:]
+    tensorboard = shlex.split(commands["TensorBoard"])[0]
+    assert os.access(tensorboard, os.X_OK), tensorboard
     assert "\x1b[" not in proc.stderr and "\r" not in proc.stderr  # no terminal controls

@@ -235,31 +235,6 @@ def test_the_warmup_file_parses_with_serving_protos_and_every_request_runs(expor
     assert sorted(ran) == ["classify", "serving_bytes", "serving_default", "serving_examples"]
 
 
-_NO_SERVING_API = """
-import sys
-sys.modules["tensorflow_serving"] = None  # as if the optional package were not installed
-import logging, os
-logging.basicConfig(level=logging.INFO, format="%(message)s")
-import tensorflow as tf
-from cifar10_estimator.model import model_fn
-from cifar10_estimator.model.params import ModelParams
-from cifar10_estimator.serving import export, warmup
-ckpt, out = sys.argv[1], sys.argv[2]
-path = export.export_saved_model(model_fn.ModelSettings(ModelParams(num_layers=8)), ckpt, out)
-print("WARMUP", os.path.exists(os.path.join(path, warmup.WARMUP_FILE)))
-"""
-
-
-def test_without_the_serving_package_the_export_says_so_and_skips_warmup(exported, tmp_path):
-    job_dir = os.path.dirname(os.path.dirname(exported))
-    ckpt = tf.train.latest_checkpoint(job_dir)
-    proc = subprocess.run([sys.executable, "-c", _NO_SERVING_API, ckpt, str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "WARMUP False" in proc.stdout
-    assert "install the optional tensorflow-serving-api package" in proc.stderr
-
-
 def test_with_a_moving_average_the_export_serves_the_averaged_weights(tiny_records, tmp_path):
     data_dir, rows = tiny_records
     job_dir = str(tmp_path / "job")
@@ -278,3 +253,28 @@ def test_with_a_moving_average_the_export_serves_the_averaged_weights(tiny_recor
                                     tf.train.latest_checkpoint(job_dir), str(tmp_path / "raw"))
     raw_served = tf.saved_model.load(raw).signatures["serving_examples"](examples=records)
     assert not np.allclose(raw_served["probabilities"], served["probabilities"], atol=1e-4)
+
+
+def test_predict_takes_the_export_folder_and_prints_json(exported, tmp_path):
+    files = _pictures(tmp_path)[:2]
+    base = os.path.dirname(exported)
+    older = os.path.join(base, "1000000000")  # an older version: the newest one is used
+    shutil.copytree(exported, older)
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.predict", "--saved-model",
+                           base, "--json", "--top", "2", *files],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    shutil.rmtree(older)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    names = [line.strip() for line in open(os.path.join(exported, export.CLASS_NAMES_FILE))]
+    assert [r["file"] for r in rows] == files
+    for row in rows:
+        assert row["saved_model"] == exported and len(row["top"]) == 2
+        assert all(t["class_name"] in names and 0 <= t["probability"] <= 1 for t in row["top"])
+        assert row["top"][0]["probability"] >= row["top"][1]["probability"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.predict", "--saved-model",
+                           str(empty), *files], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 2 and "holds no numbered versions" in proc.stderr

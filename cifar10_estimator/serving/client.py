@@ -18,6 +18,8 @@ from cifar10_estimator.data import images, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving.export import CLASS_NAMES_FILE
 
+SAVED_MODEL_FILE = "saved_model.pb"
+
 
 def load_image(path: str) -> tf.Tensor:
     """Decodes one image file to float32 [32, 32, 3] in 0..255 (RGB), as the records hold it."""
@@ -35,9 +37,28 @@ def load_image(path: str) -> tf.Tensor:
     return tf.cast(pixels, tf.float32)
 
 
+def newest_export(folder: str) -> str:
+    """``folder`` if it is a SavedModel, else its newest numbered version (as TensorFlow
+    Serving picks from a base folder); UserError if it is neither."""
+    if os.path.isfile(os.path.join(folder, SAVED_MODEL_FILE)):
+        return folder
+    try:
+        names = os.listdir(folder)
+    except OSError as e:
+        raise UserError(f"{folder} cannot be read as an export ({e.strerror}); pass a "
+                        f"SavedModel folder or the export folder above them") from None
+    versions = [int(n) for n in names
+                if n.isdigit() and os.path.isfile(os.path.join(folder, n, SAVED_MODEL_FILE))]
+    if not versions:
+        raise UserError(f"{folder} is not a SavedModel folder (no {SAVED_MODEL_FILE}) and "
+                        f"holds no numbered versions with one; pass JOB_DIR/export or "
+                        f"JOB_DIR/export/<version>")
+    return os.path.join(folder, str(max(versions)))
+
+
 def load_model(saved_model_dir: str):
     """Loads the SavedModel and its serving_default signature; UserError if it is not one."""
-    if not os.path.isfile(os.path.join(saved_model_dir, "saved_model.pb")):
+    if not os.path.isfile(os.path.join(saved_model_dir, SAVED_MODEL_FILE)):
         raise UserError(f"{saved_model_dir} is not a SavedModel folder (no saved_model.pb); "
                         f"pass a numbered folder under the trainer's --export-dir")
     try:

@@ -71,11 +71,6 @@ def _write_assets(folder: str, settings: ModelSettings, requests: list,
     if metrics is not None:
         with open(os.path.join(folder, EVAL_METRICS_FILE), "w") as f:
             json.dump(_scalar_metrics(metrics), f, indent=1, sort_keys=True)
-    if not requests:
-        log.info("no %s: install the optional tensorflow-serving-api package "
-                 "(pip install -e '.[serving]') to write TF Serving warm-up requests",
-                 warmup.WARMUP_FILE)
-        return
     warmup.write_warmup_requests(folder, requests)
 
 

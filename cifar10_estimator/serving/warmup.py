@@ -2,9 +2,8 @@
 
 A server that finds ``assets.extra/tf_serving_warmup_requests`` in a SavedModel replays its
 requests before it takes traffic, so the first real request does not pay for graph
-optimisation. The records need TF Serving's request protos from the optional
-``tensorflow-serving-api`` package (``pip install -e '.[serving]'``); without it no file is
-written.
+optimisation. The records are TF Serving's request protos, from ``tensorflow-serving-api`` (a
+dependency of the package).
 """
 
 import os
@@ -12,6 +11,9 @@ from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from tensorflow_serving.apis import (classification_pb2, input_pb2, predict_pb2,
+                                     prediction_log_pb2)
 
 from cifar10_estimator.data import schema
 from cifar10_estimator.serving.signatures import (BYTES_SIGNATURE, CLASSIFY_SIGNATURE,
@@ -21,15 +23,7 @@ WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
 def warmup_requests(model_name: str = "cifar10") -> list[bytes]:
-    """Serialized PredictionLog records, one per signature (TF Serving's warm-up format).
-
-    Returns [] when ``tensorflow-serving-api`` is not installed.
-    """
-    try:
-        from tensorflow_serving.apis import (classification_pb2, input_pb2, predict_pb2,
-                                             prediction_log_pb2)
-    except ImportError:
-        return []
+    """Serialized PredictionLog records, one per signature (TF Serving's warm-up format)."""
     grey = np.full((1, schema.HEIGHT, schema.WIDTH, schema.CHANNELS), 128, np.uint8)
     png = tf.io.encode_png(grey[0]).numpy()
     example = tf.train.Example.FromString(

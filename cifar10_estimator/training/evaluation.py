@@ -33,9 +33,6 @@ from cifar10_estimator.serving.export import EVAL_METRICS_FILE
 from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
 from cifar10_estimator.training import settings_record
 
-SAVED_MODEL_FILE = "saved_model.pb"
-
-
 @dataclasses.dataclass
 class Evaluated:
     """A model ready to evaluate: what it is, its function and class names, its step."""
@@ -68,18 +65,17 @@ def load(path: str, checkpoint: Optional[str] = None,
         return _load_export(version)
     if tf.train.latest_checkpoint(path) or checkpoint is not None:
         return _load_checkpoint(path, _checkpoint_path(path, checkpoint), class_names)
-    raise UserError(f"{path} is neither a SavedModel export (no {SAVED_MODEL_FILE}, nor "
+    raise UserError(f"{path} is neither a SavedModel export (no {client.SAVED_MODEL_FILE}, nor "
                     f"numbered folders with one) nor a job dir (no checkpoint); pass a "
                     f"trainer's JOB_DIR, JOB_DIR/export or JOB_DIR/export/<version>")
 
 
 def _export_version(path: str) -> Optional[str]:
     """``path`` if it is an export, its newest numbered version if it holds them, else None."""
-    if os.path.isfile(os.path.join(path, SAVED_MODEL_FILE)):
-        return path
-    versions = [int(name) for name in os.listdir(path) if name.isdigit()
-                and os.path.isfile(os.path.join(path, name, SAVED_MODEL_FILE))]
-    return os.path.join(path, str(max(versions))) if versions else None
+    try:
+        return client.newest_export(path)
+    except UserError:
+        return None
 
 
 def _load_export(folder: str) -> Evaluated:

@@ -1,8 +1,9 @@
 """Training progress a person can watch: log lines with step/total, images/s and ETA, and
 TensorBoard's throughput scalars.
 
-``ProgressHook`` logs one line about every ``every_secs`` of wall time (not every N steps, so
-a slow model does not go quiet and a fast one does not flood the log):
+``ProgressHook`` logs its first line about 5 s after the first step, then one about every
+``every_secs`` of wall time (not every N steps, so a slow model does not go quiet and a fast one
+does not flood the log):
 ``step 1200/80000 (1.5%), loss 0.5123, lr 0.1: 650.3 images/s, ETA 2:01:33``. The ETA comes
 from the recent global-step rate and counts from where this run started, so a resumed run is
 right. In a cluster the line adds the cluster's rate: this worker's figure is its local batch
@@ -27,6 +28,8 @@ import tensorflow as tf
 from cifar10_estimator.model import model_fn
 
 log = logging.getLogger("cifar10_estimator")
+# Seconds from the first (timed) step to the first line.
+FIRST_LINE_SECS = 5.0
 
 
 def format_duration(seconds: float) -> str:
@@ -66,7 +69,8 @@ class ProgressHook(tf.estimator.SessionRunHook):
           total_steps: the global step at which training stops (``--train-steps``).
           examples_per_global_step: in a cluster, examples all workers consume per global
             step (adds the cluster's rate); None for a single worker.
-          every_secs: wall time between two lines (the first comes after one interval).
+          every_secs: wall time between two lines (the first comes after
+            ``FIRST_LINE_SECS``, or one interval if that is shorter).
           summary_dir: where the chief writes ``images_per_sec`` and ``global_step/sec``;
             None on other tasks.
           summary_steps: global steps between two throughput summaries.
@@ -91,6 +95,7 @@ class ProgressHook(tf.estimator.SessionRunHook):
                          "loss": graph.get_tensor_by_name(model_fn.LOSS_TENSOR),
                          "lr": graph.get_tensor_by_name(model_fn.LEARNING_RATE_TENSOR)}
         self._local_steps = 0
+        self._lines = 0
         self._first = None  # (time, local steps, global step) after the first step
         self._last_line = None
         self._last_summary = None
@@ -114,9 +119,13 @@ class ProgressHook(tf.estimator.SessionRunHook):
             return
         if self._writer is not None and global_step - self._last_summary[2] >= self._summary_steps:
             self._write_summary(point)
-        if now - self._last_line[0] >= self._every:
+        # The first line comes soon (the first ETA is the one a user waits for), then one
+        # every interval.
+        due = self._every if self._lines else min(FIRST_LINE_SECS, self._every)
+        if now - self._last_line[0] >= due:
             log.info(self._line(point, self._last_line, values))
             self._last_line = point
+            self._lines += 1
 
     def _rates(self, point, since) -> tuple[float, float]:
         seconds = max(point[0] - since[0], 1e-9)

@@ -1,7 +1,12 @@
-"""The last lines of a run: what it produced, how fast, and the commands that use it."""
+"""The last lines of a run: what it produced, how fast, and the commands that use it.
+
+The commands name this Python and the virtual environment's tools by their paths, so they work
+when pasted whether or not the environment is active.
+"""
 
 import os
 import shlex
+import sys
 from typing import Optional
 
 from cifar10_estimator.training.config import TrainConfig
@@ -13,18 +18,28 @@ def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> lis
     """The run summary: wall time, final accuracy, throughput over the run, and the commands
     that use what it wrote (predict, TF Serving, TensorBoard)."""
     lines = [_head(config, result, seconds)]
+    python = shlex.quote(sys.executable)
     if result.export_path:
         export = shlex.quote(result.export_path)
         lines.append(f"  SavedModel: {result.export_path}")
-        lines.append(f"  predict:    python -m cifar10_estimator.predict --saved-model "
+        lines.append(f"  predict:    {python} -m cifar10_estimator.predict --saved-model "
                      f"{export} IMAGE...")
+        lines.append(f"  evaluate:   {python} -m cifar10_estimator.evaluate {export} "
+                     f"--data-dir {shlex.quote(config.data_dir)}")
         lines.append(f"  serve:      tensorflow_model_server --rest_api_port=8501 "
                      f"--model_name=cifar10 --model_base_path="
                      f"{shlex.quote(os.path.abspath(os.path.dirname(result.export_path)))}")
     if result.report_path:
         lines.append(f"  report:     {result.report_path}")
-    lines.append(f"  TensorBoard: tensorboard --logdir {shlex.quote(config.job_dir)}")
+    lines.append(f"  TensorBoard: {_tool('tensorboard')} --logdir {shlex.quote(config.job_dir)}")
     return lines
+
+
+def _tool(name: str) -> str:
+    """A console script beside this Python (the virtual environment's, active or not), else
+    the bare name for the shell to find."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    return shlex.quote(path) if os.access(path, os.X_OK) else name
 
 
 def _head(config: TrainConfig, result: TrainResult, seconds: float) -> str:

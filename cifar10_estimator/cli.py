@@ -1,0 +1,127 @@
+"""What every command's command line shares, built on ``argparse``.
+
+- The name it was run as: a console script's (``cifar10-train``), the generator script's
+  (``generate_tfrecords.py``), else the module's (``python -m cifar10_estimator.predict``).
+  Usage lines and error prefixes use it.
+- Help that shows each flag's default (unless its help already says it), groups of flags, and
+  examples at the end; ``--version``.
+- ``@FILE`` reads flags from a file: one or more per line, quoted as in a shell, ``#`` starts a
+  comment. Flags after it on the command line win over the file's.
+- No abbreviations: ``--num-l`` is not ``--num-layers``, so a flag added later cannot change
+  what an old command line means.
+- A bad command line gets one line, not the usage: ``<name>: error: <what>; see --help``, with
+  the closest flag for an unknown one (``did you mean --num-layers?``), and exit status 2.
+
+No TensorFlow here: command lines are parsed before it loads.
+"""
+
+import argparse
+import difflib
+import os
+import re
+import shlex
+import sys
+import textwrap
+from typing import Sequence
+
+from cifar10_estimator import __version__
+
+SCRIPTS_PREFIX = "cifar10-"  # every console script pyproject.toml installs
+GENERATOR_SCRIPT = "generate_tfrecords.py"
+HELP_WIDTH = 79
+
+
+def invoked_as(module: str) -> str:
+    """The command's name as the user ran it (``module`` for ``python -m`` and for calls from
+    Python)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if name.startswith(SCRIPTS_PREFIX) or name == GENERATOR_SCRIPT:
+        return name
+    return f"python -m {module}"
+
+
+def error_prefix(module: str) -> str:
+    """What an error line starts with: the name without ``python -m``."""
+    return invoked_as(module).removeprefix("python -m ")
+
+
+def shown_default(value) -> str:
+    """A default as a user would type it: ``82,123,300``, ``true``, ``0.0002``."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(shown_default(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# A help that states its default already: "(default 600 unless ...)", "default: demo-run".
+_STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Adds ``(default: X)`` to each flag's help, unless the help states it or there is none
+    to state (an unset flag, a switch that is off)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or _STATES_DEFAULT.search(text) or default is None
+                or default is argparse.SUPPRESS or default is False
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        return f"{text} (default: {shown_default(default).replace('%', '%%')})"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` with the package's conventions (see the module)."""
+
+    def __init__(self, module: str, *, description: str, examples: Sequence[str] = (),
+                 **kwargs):
+        epilog = ("examples:\n" + "\n".join(f"  {line}" for line in examples)
+                  if examples else None)
+        # The description is wrapped here: the formatter keeps the examples' lines as they are.
+        super().__init__(prog=kwargs.pop("prog", invoked_as(module)),
+                         description=textwrap.fill(description, HELP_WIDTH), epilog=epilog, formatter_class=_Formatter, allow_abbrev=False,
+                         fromfile_prefix_chars="@", **kwargs)
+        self.error_name = error_prefix(module)
+        self.add_argument("--version", action="version",
+                          version=f"cifar10_estimator {__version__}")
+
+    def parse_known_args(self, args=None, namespace=None):
+        # An unknown flag is named before anything else is checked (a required flag it was
+        # perhaps meant to be, say), with the closest known one.
+        args = self._read_args_from_files(list(sys.argv[1:] if args is None else args))
+        for token in args:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if name.startswith("--") and name not in self._option_string_actions:
+                self.error(f"unrecognized arguments: {token}")
+        return super().parse_known_args(args, namespace)
+
+    def convert_arg_line_to_args(self, line: str) -> list[str]:
+        return shlex.split(line, comments=True)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.error_name}: error: {message}{self._closest(message)}; "
+                     f"see --help\n")
+
+    def _read_args_from_files(self, arg_strings):
+        try:
+            return super()._read_args_from_files(arg_strings)
+        except ValueError as e:  # shlex: an unclosed quote
+            self.error(f"a flag file has a line it cannot split ({e})")
+
+    def _closest(self, message: str) -> str:
+        """`` (did you mean --x?)`` for the first unknown flag in argparse's message."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        # Compared without the dashes, which every flag shares.
+        known = [o[2:] for o in self._option_string_actions if o.startswith("--")]
+        for token in message.split(": ", 1)[1].split():
+            if token.startswith("--"):
+                close = difflib.get_close_matches(token[2:].split("=")[0], known, n=1,
+                                                  cutoff=0.6)
+                if close:
+                    return f" (did you mean --{close[0]}?)"
+        return ""
