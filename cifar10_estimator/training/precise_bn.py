@@ -30,6 +30,8 @@ import tensorflow as tf
 from cifar10_estimator.model.model_fn import PRECISE_BN_COUNT, PRECISE_BN_UPDATES
 
 log = logging.getLogger("cifar10_estimator")
+# The batch-norm statistics' variable names end so (model.resnet).
+MOVING_STATISTICS = ("/moving_mean", "/moving_variance")
 
 
 class PreciseBatchNorm:
@@ -52,6 +54,16 @@ class PreciseBatchNorm:
         self._count = graph.get_collection(PRECISE_BN_COUNT)[0]
         self._updates = graph.get_collection(PRECISE_BN_UPDATES)
         self._first = True
+        # Weights about to diverge can give infinite statistics while still finite
+        # themselves: such statistics are put back as they were, not saved.
+        self._moving = [v for v in tf.compat.v1.global_variables()
+                        if v.op.name.endswith(MOVING_STATISTICS)]
+        if self._moving:
+            self._finite = tf.reduce_all(
+                tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in self._moving]))
+            self._kept = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
+                          for v in self._moving]
+            self._put_back = tf.group(*[v.assign(k) for v, k in zip(self._moving, self._kept)])
 
     def before_save(self, session, global_step_value: int) -> bool:
         """Recomputes the statistics unless this save should keep them; says whether it did."""
@@ -60,8 +72,15 @@ class PreciseBatchNorm:
         if first or not self._updates or self.skip():
             return False
         started = time.monotonic()
+        before = session.run(self._moving)
         for k in range(self.batches):
             session.run(self._updates, feed_dict={self._count: float(k)})
+        if not session.run(self._finite):
+            session.run(self._put_back, feed_dict=dict(zip(self._kept, before)))
+            log.warning("precise batch norm: the weights of step %d give statistics that are "
+                        "not finite; the checkpoint keeps the moving averages",
+                        global_step_value)
+            return False
         seconds = time.monotonic() - started
         if global_step_value >= self.final_step and self.seconds is None:
             self.seconds = seconds
