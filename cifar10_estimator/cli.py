@@ -66,8 +66,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         text = action.help or ""
         default = action.default
         if (not action.option_strings or _STATES_DEFAULT.search(text) or default is None
-                or default is argparse.SUPPRESS or default is False
-                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+                or default is argparse.SUPPRESS or default is False):  # --help, --version: SUPPRESS
             return text
         return f"{text} (default: {shown_default(default).replace('%', '%%')})"
 
@@ -81,7 +80,8 @@ class Parser(argparse.ArgumentParser):
                   if examples else None)
         # The description is wrapped here: the formatter keeps the examples' lines as they are.
         super().__init__(prog=kwargs.pop("prog", invoked_as(module)),
-                         description=textwrap.fill(description, HELP_WIDTH), epilog=epilog, formatter_class=_Formatter, allow_abbrev=False,
+                         description=textwrap.fill(description, HELP_WIDTH), epilog=epilog,
+                         formatter_class=_Formatter, allow_abbrev=False,
                          fromfile_prefix_chars="@", **kwargs)
         self.error_name = error_prefix(module)
         self.add_argument("--version", action="version",

@@ -105,28 +105,30 @@ def _checkpoint_path(job_dir: str, checkpoint: Optional[str]) -> str:
     return path
 
 
-def _recorded_params(job_dir: str, checkpoint: str) -> ModelParams:
+def _recorded_params(job_dir: str, checkpoint: str,
+                     found: Optional[tuple[ModelParams, int]]) -> ModelParams:
     """The network and its averaging as the job dir recorded them; for a job dir without
-    ``settings.json`` (older versions), as the checkpoint's variables show them."""
+    ``settings.json`` (older versions), as the checkpoint's variables show them (``found``,
+    from ``checkpoint_model``)."""
     recorded = settings_record.read(job_dir)
     if recorded is not None:
         fields = {f.name for f in dataclasses.fields(ModelParams)}
         values = {k: tuple(v) if isinstance(v, list) else v
                   for k, v in recorded.items() if k in fields}
         return ModelParams(**values)
-    found = checkpoint_model(checkpoint)
     if found is None:
         raise UserError(f"{checkpoint} holds neither network's variables; pass a job dir of "
                         f"this package")
     averaged = any(name.endswith("/" + AVERAGE_SUFFIX)
                    for name, _ in tf.train.list_variables(checkpoint))
+    # Any positive decay: only whether the run averaged its weights matters here.
     return dataclasses.replace(found[0], moving_average_decay=0.9999 if averaged else 0.0)
 
 
 def _load_checkpoint(job_dir: str, checkpoint: str,
                      class_names: Optional[tuple[str, ...]]) -> Evaluated:
-    params = _recorded_params(job_dir, checkpoint)
-    found = checkpoint_model(checkpoint)
+    found = checkpoint_model(checkpoint)  # the variable list, read once
+    params = _recorded_params(job_dir, checkpoint, found)
     num_classes = found[1] if found else schema.NUM_CLASSES
     if class_names is None or len(class_names) != num_classes:
         class_names = tuple(f"class {i}" for i in range(num_classes))

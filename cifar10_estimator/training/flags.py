@@ -82,8 +82,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     then holds only what the command line set.
     """
     parser = cli.Parser(
-        MODULE, examples=[e.format(prog=cli.invoked_as(MODULE)) for e in EXAMPLES], usage="%(prog)s --data-dir DATA --job-dir JOB [FLAG ...] "
-                                         "[@FLAGFILE ...]",
+        MODULE, examples=[e.format(prog=cli.invoked_as(MODULE)) for e in EXAMPLES],
+        usage="%(prog)s --data-dir DATA --job-dir JOB [FLAG ...] [@FLAGFILE ...]",
         description="Train, evaluate and export a CIFAR-10 classifier (a ResNet, or the original "
                     "tutorial's CNN) with tf.estimator. A task's role in a cluster comes from "
                     "the TF_CONFIG environment variable.")
