@@ -10,7 +10,9 @@ precision is run by ours and by every peer, in the same loop, alternating (A B C
 noisy machine moves all of them alike; the ratio column compares each trainer with the best peer
 at the same precision. Keras runs with oneDNN forced on (``TF_ENABLE_ONEDNN_OPTS=1``), its best
 on every CPU, as our command line runs itself. bf16 is measured only on CPUs with native bf16
-(``cpu.py``).
+(``cpu.py``); there ``auto`` runs too, with a cache folder of its own (the first ``auto`` run
+probes, the later ones read the cache), and the table says what it picked and how its speed
+compares with the faster of fp32 and bf16 (the goal: at least 0.95x).
 To see what an AVX2-only CPU's oneDNN kernels do on an AVX-512 machine, run under
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's dispatcher cap; the Eigen kernels are unaffected).
 
@@ -40,18 +42,25 @@ REPO = os.path.dirname(HERE)
 KERAS_PEER = os.path.join(HERE, "keras_resnet.py")
 TORCH_PEER = os.path.join(HERE, "torch_resnet.py")
 CURRENT = re.compile(r"step \d+/\d+ \([\d.]+%\).*?: ([\d.]+) images/s")
+PICKED = re.compile(r"^[\d:]+ precision auto: (\w+) .*?(measured now: .*? ([\d.]+) s)?$", re.M)
+auto_picks: dict[int, list[str]] = {}
 
 
 def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> float:
     job_dir = tempfile.mkdtemp(dir=work)
+    env = {**os.environ, "XDG_CACHE_HOME": os.path.join(work, "cache")}
     proc = subprocess.run(
         [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
          "--num-layers", str(depth), "--train-steps", str(steps), "--train-batch-size", "128",
          "--eval-batch-size", "500", "--save-checkpoints-secs", "100000",
          "--eval-throttle-secs", "100000", "--progress-secs", "2", *extra],
-        capture_output=True, text=True, cwd=REPO)
+        capture_output=True, text=True, cwd=REPO, env=env)
     if proc.returncode:
         raise SystemExit(f"trainer failed:\n{proc.stderr[-2000:]}")
+    picked = PICKED.search(proc.stderr)
+    if picked:
+        probe = f" (probe {picked.group(3)} s)" if picked.group(3) else " (cached)"
+        auto_picks.setdefault(depth, []).append(picked.group(1) + probe)
     current = [float(v) for v in CURRENT.findall(proc.stderr)]
     # Skip the first 3 intervals (2 s each): graph optimisation, the first checkpoint and the
     # input pipeline's warm-up.
@@ -73,8 +82,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="training steps per run of ours")
     parser.add_argument("--seconds", type=float, default=25, help="timed seconds per peer run")
     parser.add_argument("--precisions",
-                        default="fp32,bf16" if cpu.read_cpu_info().as_seen_by_onednn(
-                            os.environ.get(cpu.ONEDNN_CAP_ENV)).native_bf16 else "fp32")
+                        default="fp32,bf16,auto" if cpu.read_cpu_info().as_seen_by_onednn(
+                            os.environ.get(cpu.ONEDNN_CAP_ENV)).native_bf16 else "fp32,auto")
     parser.add_argument("--no-keras", action="store_true", help="leave out the Keras peer")
     parser.add_argument("--torch-python", help="a Python with torch 2.13 for the PyTorch peer")
     parser.add_argument("--extra", default="", help="more trainer flags, e.g. '--xla'")
@@ -89,6 +98,8 @@ def main() -> None:
             data_dir, work, depth, args.steps, ["--precision", p, *args.extra.split()]))
             for p in args.precisions.split(",")}
         for p in args.precisions.split(","):
+            if p == "auto":
+                continue  # peers have no auto
             common = ["--depth", str(depth), "--seconds", str(args.seconds), "--precision", p]
             if not args.no_keras:
                 contenders[f"keras model.fit {p}"] = lambda c=common: peer(
@@ -109,13 +120,20 @@ def main() -> None:
                              and k.endswith(" " + precision)), default=None)
             median = statistics.median(values)
             ratio = f"{median / best_peer:.2f}x" if best_peer else "-"
+            if name.endswith(" auto"):
+                fixed = [statistics.median(v) for k, v in results.items()
+                         if k.startswith("cifar10_estimator") and not k.endswith(" auto")]
+                ratio = f"{median / max(fixed):.2f}x fastest" if fixed else "-"
             rows.append((f"ResNet-{depth}", name, median, min(values), max(values), ratio))
 
     print(f"\n{'model':<10} {'trainer':<28} {'median':>8} {'min':>7} {'max':>7} {'vs best peer':>12}")
     for model, name, median, lo, hi, ratio in rows:
         print(f"{model:<10} {name:<28} {median:>8.0f} {lo:>7.0f} {hi:>7.0f} {ratio:>12}")
     print(f"(images/s, batch 128, {args.runs} alternating runs, machine: {os.cpu_count()} cores; "
-          f"'vs best peer': against the fastest peer at the same precision)")
+          f"'vs best peer': against the fastest peer at the same precision; for auto: against "
+          f"the faster of our fp32 and bf16)")
+    for depth, picks in auto_picks.items():
+        print(f"ResNet-{depth} auto picked, run by run: {'; '.join(picks)}")
 
 
 if __name__ == "__main__":

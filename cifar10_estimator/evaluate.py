@@ -53,12 +53,26 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         raise UserError(f"--batch-size must be 1 or more, got {args.batch_size}")
     cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as every command does
     logs.import_tensorflow_quietly(cpp_level="3")
+    import tensorflow as tf
+
     from cifar10_estimator.data import metadata
-    from cifar10_estimator.training import evaluation, report
+    from cifar10_estimator.training import evaluation, precision, precision_cache, precision_probe
+    from cifar10_estimator.training import report
 
     info = metadata.dataset_info(args.data_dir)
     metadata.existing_record_path(args.data_dir, args.split)  # a missing split: one line
-    model = evaluation.load(args.model, args.checkpoint, info.class_names)
+    cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
+    cache = precision_cache.PrecisionCache(
+        precision_cache.cache_folder(os.environ, os.path.expanduser("~")), tf.__version__)
+
+    def compute_dtype(settings, trained: str) -> str:
+        # A checkpoint computes as the job's export would (--serving-precision auto); the
+        # result line names a dtype other than float32.
+        choice = precision_probe.serving_choice("auto", trained, settings, cpu_info,
+                                                cpu.onednn_enabled(), cache)
+        return precision.DTYPES[choice.precision]
+
+    model = evaluation.load(args.model, args.checkpoint, info.class_names, compute_dtype)
     metrics = evaluation.evaluate(model, args.data_dir, args.split, args.batch_size)
     content = report.build(metrics, model.class_names, info.dataset)
     content.update(split=args.split, evaluated=model.what, examples=metrics["examples"])

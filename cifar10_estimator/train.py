@@ -30,14 +30,16 @@ def run(argv: Optional[Sequence[str]] = None):
     # off (AVX2-only CPUs) and is what runs channels_first on a CPU (see training/cpu.py).
     cpu.prefer_onednn(os.environ)
     logs.setup_logging(verbose)
-    from cifar10_estimator.training import driver, report, summary  # TensorFlow loads here
+    from cifar10_estimator.training import driver, precision_cache, report, summary  # TF loads
     from cifar10_estimator.training.preemption import Preemption
 
     started = time.monotonic()
     preemption = Preemption().install()  # SIGTERM/SIGINT: save, say so, exit 128 + signal
     cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
     try:
-        result = driver.train_and_evaluate(config, cpu_info, preemption)
+        result = driver.train_and_evaluate(
+            config, cpu_info, preemption,
+            precision_cache.cache_folder(os.environ, os.path.expanduser("~")))
     finally:
         preemption.restore()  # for callers that go on (the demo, the tests)
     if result.eval_metrics:

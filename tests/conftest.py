@@ -29,6 +29,21 @@ cpu.prefer_onednn(os.environ)
 
 from trainer_fixtures import REPO, tiny_records  # noqa: F401  (trainer fixtures)
 
+
+@pytest.fixture(scope="session", autouse=True)
+def precision_cache_home(tmp_path_factory):
+    """The suite's own user cache folder (XDG_CACHE_HOME), for this process and the commands it
+    starts: the precision probes' cache is shared by the suite's runs and never touches the
+    user's ~/.cache."""
+    folder = str(tmp_path_factory.mktemp("xdg-cache"))
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = folder
+    yield folder
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
 BATCH_NAMES = schema.BATCH_FILES
 # Member order of the official cifar-10-python.tar.gz.
 ARCHIVE_ORDER = ("data_batch_4", "readme.html", "test_batch", "data_batch_3", "batches.meta",

@@ -84,8 +84,15 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     code, output = _launch("--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
-                           *_trainer_flags(data_dir, job_dir))
+                           *_trainer_flags(data_dir, job_dir, "--precision", "auto"))
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
+    # One precision for the whole job: the chief's choice, recorded; the others follow it.
+    chosen = [found.groups() for task in ("chief", "worker0", "evaluator")
+              for found in (re.match(r"[\d:]+ precision auto: (fp32|bf16)\b(.*)", line)
+                            for line in _task_lines(output, task)) if found]
+    assert len(chosen) == 3 and len({precision for precision, _ in chosen}) == 1, chosen
+    assert "recorded" not in chosen[0][1]
+    assert all(why == ", the job's recorded precision" for _, why in chosen[1:]), chosen
 
     final = checkpoint_step(tf.train.latest_checkpoint(job_dir))
     # Async training can end a few steps past the target: each worker finishes the step it is

@@ -34,6 +34,9 @@ log = logging.getLogger("cifar10_estimator")
 
 CLASS_NAMES_FILE = os.path.join("assets.extra", "class_names.txt")
 EVAL_METRICS_FILE = os.path.join("assets.extra", "eval_metrics.json")
+# The dtype the network computes in (float32 or bfloat16): a bfloat16 export is fast only on
+# machines with native bf16 (docs/serving.md).
+COMPUTE_DTYPE_FILE = os.path.join("assets.extra", "compute_dtype.txt")
 
 
 def _remove_unfinished(export_dir: str) -> None:
@@ -68,6 +71,8 @@ def _write_assets(folder: str, settings: ModelSettings, requests: list,
     os.makedirs(os.path.join(folder, "assets.extra"))
     with open(os.path.join(folder, CLASS_NAMES_FILE), "w") as f:
         f.write("".join(f"{name}\n" for name in settings.class_names))
+    with open(os.path.join(folder, COMPUTE_DTYPE_FILE), "w") as f:
+        f.write(f"{settings.compute_dtype}\n")
     if metrics is not None:
         with open(os.path.join(folder, EVAL_METRICS_FILE), "w") as f:
             json.dump(_scalar_metrics(metrics), f, indent=1, sort_keys=True)

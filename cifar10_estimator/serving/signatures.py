@@ -29,6 +29,7 @@ CNN crops the 32x32 pictures to their central 24x24 in its network, as its tutor
 did, so its signatures take the same inputs.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from cifar10_estimator.data import images as image_ops
@@ -92,10 +93,31 @@ class FrozenWeights:
                                  f"(such as {unused[0]})")
 
 
+class RandomWeights:
+    """A custom getter like ``FrozenWeights`` that answers every variable with random constants
+    of its shape, for timing the network without a checkpoint (the precision probe): kernels
+    scaled by He et al. 2015's sqrt(2 / fan-in), so activations keep their size through the
+    depth (no infinities, which some CPUs compute slowly), and batch norm as initialised."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, getter, name, shape=None, **_):
+        shape = list(shape)
+        if len(shape) > 1:
+            value = self.rng.standard_normal(shape) * np.sqrt(2.0 / np.prod(shape[:-1]))
+        else:
+            value = np.full(shape, 1.0 if name.endswith(("gamma", "variance")) else 0.0)
+        return tf.constant(value.astype(np.float32), name=name.replace("/", "_"))
+
+    def check_all_used(self, scope: str) -> None:
+        """Every weight is made on demand: none can be left over."""
+
+
 class ServingModule(tf.Module):
     """The exported functions: one network, and one function per signature around it."""
 
-    def __init__(self, settings: ModelSettings, weights: FrozenWeights):
+    def __init__(self, settings: ModelSettings, weights: "FrozenWeights | RandomWeights"):
         super().__init__()
         names = list(settings.class_names)
         scope = networks.SCOPES[settings.params.model]
@@ -104,7 +126,8 @@ class ServingModule(tf.Module):
         def network(images):
             with tf.compat.v1.variable_scope(scope, custom_getter=weights):
                 logits = networks.logits(images, settings.params, is_training=False,
-                                         num_classes=len(names), fold_batch_norm=True)
+                                         num_classes=len(names), fold_batch_norm=True,
+                                         compute_dtype=tf.as_dtype(settings.compute_dtype))
             # The names model_fn's predictions use, so Estimator.predict agrees with serving.
             classes = tf.argmax(logits, axis=1, name="classes")
             return {"classes": classes,

@@ -15,6 +15,7 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.params import (RESNET, TUTORIAL_CNN, ModelParams, depth_problem,
                                             flag)
 from cifar10_estimator.model.params import setting as _field
+from cifar10_estimator.training.precision import BF16_MIN_SPEEDUP
 from cifar10_estimator.training.recipes import RECIPES, recipe_help
 
 # The tutorial's length: 80,000 steps of batch 128 on 45,000 images (the paper stopped at 64k).
@@ -60,7 +61,14 @@ class TrainConfig(ModelParams):
     precision: str = _field(
         "fp32", "fp32; bf16: convolutions in bfloat16 (CPUs with native bf16, AVX512_BF16 or "
                 "AMX, or GPUs of compute capability 8.0+), variables, batch-norm statistics "
-                "and the loss stay float32; auto: bf16 where the CPU has native bf16, else fp32",
+                f"and the loss stay float32; auto: bf16 where it trains this network at least "
+                f"{BF16_MIN_SPEEDUP:g}x as fast as fp32, measured on this CPU in a few seconds (and cached), else "
+                "fp32; a job keeps the precision it first chose",
+        choices=("auto", "fp32", "bf16"))
+    serving_precision: str = _field(
+        "auto", "what the export computes in: auto gives fp32, unless the run trains in bf16 and "
+                "the export's network measured faster in bf16 on this CPU; an export served on "
+                "a machine without native bf16 (avx512_bf16, amx_bf16) wants fp32",
         choices=("auto", "fp32", "bf16"))
     xla: bool = _field(False, "compile the training step with XLA (global JIT)")
     save_checkpoints_steps: Optional[int] = _field(

@@ -34,7 +34,8 @@ from cifar10_estimator.model.params import ModelParams, global_batch
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving.export import export_saved_model
 from cifar10_estimator.training import (cpu, distributed, evaluator, guards, precise_bn,
-                                        precision, progress, recipes, report, settings_record)
+                                        precision, precision_cache, precision_probe, progress,
+                                        recipes, report, settings_record)
 from cifar10_estimator.training.job_lock import JobLock
 from cifar10_estimator.training.preemption import Preemption
 from cifar10_estimator.training.config import MODEL_TRAIN_STEPS, TrainConfig, validate
@@ -70,6 +71,19 @@ class _Job:
     train_data: Cifar10DataSet
     eval_data: Cifar10DataSet
     preemption: Preemption
+    machine: "_Machine"
+    # What an export computes with (the serving precision), on the tasks that export.
+    serving_settings: Optional[ModelSettings] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Machine:
+    """What the precision choice measures on: the CPU as oneDNN sees it, oneDNN's state and
+    the probes' cache."""
+
+    cpu: cpu.CpuInfo
+    onednn: bool
+    cache: precision_cache.PrecisionCache
 
 
 def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
@@ -138,9 +152,6 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
     An epoch is counted in global steps: with --sync one global step consumes a batch from
     every worker; asynchronously every worker's own step is a global step of one batch.
     """
-    if config.precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision {config.precision!r} must be resolved to fp32 or bf16 "
-                         f"first (precision.resolve_precision)")
     per_global_step = global_batch(config, num_workers)
     steps_per_epoch = max(1, train_records // per_global_step)
     total_steps = config.train_steps
@@ -156,18 +167,50 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
         devices=tuple(towers.tower_devices(config.num_gpus, config.num_cpu_towers)),
         num_workers=num_workers,
         is_chief=is_chief,
-        compute_dtype="bfloat16" if config.precision == "bf16" else "float32",
+        # None until --precision auto is resolved (_resolve_precision), before any graph.
+        compute_dtype=precision.DTYPES.get(config.precision),
         class_names=tuple(class_names))
 
 
-def _resolve_precision(config: TrainConfig, cpu_info: cpu.CpuInfo, onednn: bool) -> TrainConfig:
-    """Replaces ``--precision auto`` by what fits this machine; logs the CPU and the choice."""
-    capabilities = precision.gpu_capabilities(config.num_gpus) if config.num_gpus else []
-    chosen, why = precision.resolve_precision(config.precision, cpu_info, onednn=onednn,
-                                              gpu_capabilities=capabilities)
-    log.info("CPU: %s; oneDNN %s", cpu_info.describe(), "on" if onednn else "off")
-    log.info("precision: %s (%s)", chosen, why)
-    return dataclasses.replace(config, precision=chosen)
+def _gpu_capabilities(config: TrainConfig) -> list[tuple[int, int]]:
+    return precision.gpu_capabilities(config.num_gpus) if config.num_gpus else []
+
+
+def _resolve_precision(job: _Job, recorded: Optional[str]) -> None:
+    """Replaces ``--precision auto`` by what fits this machine (measured where it has native
+    bf16), or by the job's ``recorded`` choice; logs the CPU and the choice with its reason."""
+    config, machine = job.config, job.machine
+    describe_cpu = machine.cpu.describe()
+    work = (f"training {networks.describe(config)}, batch {config.train_batch_size} on "
+            f"{', '.join(job.settings.devices)}, {job.settings.data_format}, threads "
+            f"{config.num_intra_threads}/{config.num_inter_threads}{', XLA' if config.xla else ''}")
+    choice = precision.resolve_precision(
+        config.precision, machine.cpu, onednn=machine.onednn, gpu_capabilities=_gpu_capabilities(config),
+        measure=lambda: precision_cache.measured(
+            machine.cache, describe_cpu, work, lambda: precision_probe.measure_training(
+                job.settings, config.train_batch_size, session_config(config))),
+        cached=precision_cache.cached(machine.cache, describe_cpu, work),
+        recorded=recorded if config.precision == "auto" else None)
+    log.info("CPU: %s; oneDNN %s", describe_cpu, "on" if machine.onednn else "off")
+    log.info("precision %s: %s", config.precision, choice.reason)
+    if choice.warning:
+        log.warning("warning: %s", choice.warning)
+    job.config = dataclasses.replace(config, precision=choice.precision)
+    job.settings = dataclasses.replace(job.settings,
+                                       compute_dtype=precision.DTYPES[choice.precision])
+
+
+def _resolve_serving_precision(job: _Job) -> None:
+    """The precision this task's exports compute in (``--serving-precision``)."""
+    config, machine = job.config, job.machine
+    choice = precision_probe.serving_choice(config.serving_precision, config.precision,
+                                            job.settings, machine.cpu, machine.onednn,
+                                            machine.cache)
+    log.info("serving precision %s: %s", config.serving_precision, choice.reason)
+    if choice.warning:
+        log.warning("warning: %s", choice.warning)
+    job.serving_settings = dataclasses.replace(
+        job.settings, compute_dtype=precision.DTYPES[choice.precision])
 
 
 def _log_role(job: _Job) -> None:
@@ -185,7 +228,7 @@ def _log_role(job: _Job) -> None:
         log.info("role: local (no cluster in TF_CONFIG)")
 
 
-def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
+def _prepare(config: TrainConfig, preemption: Preemption, machine: _Machine) -> _Job:
     """The RunConfig, the data (checked before anything trains) and the model's settings."""
     rc = run_config(config)
     cluster = rc.cluster_spec.as_dict() if rc.cluster_spec else {}
@@ -206,7 +249,7 @@ def _prepare(config: TrainConfig, preemption: Preemption) -> _Job:
     # From here on the run's length is in global steps, whichever flag gave it.
     config = dataclasses.replace(config, train_steps=settings.total_steps)
     job = _Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
-               preemption)
+               preemption, machine)
     _log_role(job)
     log.info("%s, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
              "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate peaking at "
@@ -224,9 +267,9 @@ def _ps_tasks(cluster: dict) -> dict:
 
 def _start(job: _Job, stack: contextlib.ExitStack) -> None:
     """Bounded waits for the rest of the cluster; the chief's checks and lock of the job dir;
-    every task's check of the job dir's settings record."""
+    the precision (every task of a job computes in the one the job recorded); every task's
+    check of the job dir's settings record."""
     config = job.config
-    current = settings_record.run_settings(config, job.info.dataset, job.info.num_classes)
     if job.in_cluster:
         # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
         # A trainer's sessions use only the parameter servers (and itself); a worker learns
@@ -237,7 +280,10 @@ def _start(job: _Job, stack: contextlib.ExitStack) -> None:
         # the job dir is shared, and a worker arriving before the chief has initialised the
         # variables would sleep 30 s between checks (SessionManager's recovery_wait_secs).
         distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
-        settings_record.check(config.job_dir, current, is_chief=False)
+        _resolve_precision(job, _recorded_precision(config.job_dir))
+        if job.rc.task_type == "evaluator" and config.export_best:
+            _resolve_serving_precision(job)
+        settings_record.check(config.job_dir, _run_settings(job), is_chief=False)
         return
     guards.check_job_dir(config.job_dir, config, job.info.num_classes)
     if "://" in config.job_dir:
@@ -246,11 +292,22 @@ def _start(job: _Job, stack: contextlib.ExitStack) -> None:
     else:
         lock = stack.enter_context(JobLock(config.job_dir))
         job.preemption.before_exit(lambda _: lock.release())
-    settings_record.check(config.job_dir, current, is_chief=True,
+    _resolve_precision(job, None if config.change_settings else
+                       _recorded_precision(config.job_dir))
+    _resolve_serving_precision(job)
+    settings_record.check(config.job_dir, _run_settings(job), is_chief=True,
                           change=config.change_settings)
     latest = tf.train.latest_checkpoint(config.job_dir)
     if latest:  # only the chief restores; others use the ps or evaluate
         log.info("resuming from %s", latest)
+
+
+def _recorded_precision(job_dir: str) -> Optional[str]:
+    return (settings_record.read(job_dir) or {}).get("precision")
+
+
+def _run_settings(job: _Job) -> dict:
+    return settings_record.run_settings(job.config, job.info.dataset, job.info.num_classes)
 
 
 class _AfterEvaluation(tf.estimator.Exporter):
@@ -343,16 +400,19 @@ def _export_final(job: _Job, metrics: Optional[dict]) -> str:
     # The final evaluation is of the final checkpoint when it ran here (locally).
     evaluated = metrics if metrics and metrics.get("global_step") == (
         checkpoints.checkpoint_step(checkpoint)) else None
-    path = export_saved_model(job.settings, checkpoint, job.config.resolved_export_dir, evaluated)
+    path = export_saved_model(job.serving_settings, checkpoint, job.config.resolved_export_dir,
+                              evaluated)
     log.info("exported SavedModel to %s", path)
     return path
 
 
 def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
-                       preemption: Optional[Preemption] = None) -> TrainResult:
+                       preemption: Optional[Preemption] = None,
+                       cache_dir: Optional[str] = None) -> TrainResult:
     """Validates, then trains, evaluates and (on the chief) exports, as this task's role in
     TF_CONFIG says. ``cpu_info`` is the CPU as oneDNN sees it (for ``--precision``);
-    ``preemption``, if installed, turns SIGTERM and SIGINT into a save and ``errors.Stopped``."""
+    ``preemption``, if installed, turns SIGTERM and SIGINT into a save and ``errors.Stopped``;
+    ``cache_dir`` keeps the precision probes' results (None: no cache)."""
     preemption = preemption or Preemption()
     try:
         role = tf.estimator.RunConfig()  # only the role: a ps needs none of the settings
@@ -370,7 +430,11 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
             distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
             return TrainResult(None, None, role="ps")
         log.info(recipes.describe(config))
-        return _run(_prepare(_resolve_precision(config, cpu_info, onednn), preemption))
+        precision.check_requested(config.precision, cpu_info, onednn=onednn,
+                                  gpu_capabilities=_gpu_capabilities(config))
+        machine = _Machine(cpu_info, onednn,
+                           precision_cache.PrecisionCache(cache_dir, tf.__version__))
+        return _run(_prepare(config, preemption, machine))
     except Stopped as stop:
         log.info(_stopped_line(stop, role, config.job_dir, preemption.last_step))
         raise
@@ -386,7 +450,8 @@ def _train_evaluate_export(job: _Job) -> TrainResult:
     config = job.config
     start_step = checkpoints.latest_step(config.job_dir)
     estimator = tf.estimator.Estimator(make_model_fn(job.settings), config=job.rc)
-    best = BestExport(job.settings, config.resolved_export_dir) if config.export_best else None
+    best = (BestExport(job.serving_settings, config.resolved_export_dir) if config.export_best
+            else None)
     if best and job.in_cluster and "evaluator" not in job.cluster and job.rc.is_chief:
         log.info("--export-best: the best export is made by the evaluator task, and this "
                  "cluster lists none (start one with the same flags and "

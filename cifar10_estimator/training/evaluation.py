@@ -29,7 +29,7 @@ from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_mode
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.model.params import ModelParams
 from cifar10_estimator.serving import client
-from cifar10_estimator.serving.export import EVAL_METRICS_FILE
+from cifar10_estimator.serving.export import COMPUTE_DTYPE_FILE, EVAL_METRICS_FILE
 from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
 from cifar10_estimator.training import settings_record
 
@@ -45,13 +45,17 @@ class Evaluated:
 
 
 def load(path: str, checkpoint: Optional[str] = None,
-         class_names: Optional[tuple[str, ...]] = None) -> Evaluated:
+         class_names: Optional[tuple[str, ...]] = None,
+         compute_dtype: Optional[Callable[[ModelSettings, str], str]] = None) -> Evaluated:
     """The model at ``path``: an export, an export folder or a job dir.
 
     Args:
       path: the folder.
       checkpoint: for a job dir, a checkpoint's path or global step (default: the latest).
       class_names: a job dir's class names (its records'); an export has its own.
+      compute_dtype: for a job dir, the dtype its network computes in, given the settings and
+        the precision the job trained in ('fp32' or 'bf16'), as the job's export would
+        (``precision_probe.serving_choice``); default float32. An export computes in its own.
 
     Raises:
       UserError: ``path`` is none of those, or the checkpoint does not exist.
@@ -64,7 +68,8 @@ def load(path: str, checkpoint: Optional[str] = None,
             raise UserError(f"--checkpoint applies to a job dir, and {path} is an export")
         return _load_export(version)
     if tf.train.latest_checkpoint(path) or checkpoint is not None:
-        return _load_checkpoint(path, _checkpoint_path(path, checkpoint), class_names)
+        return _load_checkpoint(path, _checkpoint_path(path, checkpoint), class_names,
+                                compute_dtype)
     raise UserError(f"{path} is neither a SavedModel export (no {client.SAVED_MODEL_FILE}, nor "
                     f"numbered folders with one) nor a job dir (no checkpoint); pass a "
                     f"trainer's JOB_DIR, JOB_DIR/export or JOB_DIR/export/<version>")
@@ -87,9 +92,22 @@ def _load_export(folder: str) -> Evaluated:
             step = int(json.load(f)["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # an export without its evaluation's scalars
-    return Evaluated(f"SavedModel {folder}",
+    return Evaluated(f"SavedModel {folder}{_computes_in(_export_dtype(folder))}",
                      lambda images: signature(images=images)["probabilities"],
                      client.class_names(folder, num_classes), step)
+
+
+def _export_dtype(folder: str) -> str:
+    """The dtype an export computes in (float32 for exports older than the file that says)."""
+    try:
+        with open(os.path.join(folder, COMPUTE_DTYPE_FILE)) as f:
+            return f.read().strip() or "float32"
+    except OSError:
+        return "float32"
+
+
+def _computes_in(dtype: str) -> str:
+    return "" if dtype == "float32" else f" (computing in {dtype})"
 
 
 def _checkpoint_path(job_dir: str, checkpoint: Optional[str]) -> str:
@@ -106,36 +124,39 @@ def _checkpoint_path(job_dir: str, checkpoint: Optional[str]) -> str:
 
 
 def _recorded_params(job_dir: str, checkpoint: str,
-                     found: Optional[tuple[ModelParams, int]]) -> ModelParams:
-    """The network and its averaging as the job dir recorded them; for a job dir without
-    ``settings.json`` (older versions), as the checkpoint's variables show them (``found``,
-    from ``checkpoint_model``)."""
+                     found: Optional[tuple[ModelParams, int]]) -> tuple[ModelParams, str]:
+    """The network and its averaging as the job dir recorded them, and the precision it trained
+    in; for a job dir without ``settings.json`` (older versions), as the checkpoint's variables
+    show them (``found``, from ``checkpoint_model``), and fp32."""
     recorded = settings_record.read(job_dir)
     if recorded is not None:
         fields = {f.name for f in dataclasses.fields(ModelParams)}
         values = {k: tuple(v) if isinstance(v, list) else v
                   for k, v in recorded.items() if k in fields}
-        return ModelParams(**values)
+        return ModelParams(**values), recorded.get("precision", "fp32")
     if found is None:
         raise UserError(f"{checkpoint} holds neither network's variables; pass a job dir of "
                         f"this package")
     averaged = any(name.endswith("/" + AVERAGE_SUFFIX)
                    for name, _ in tf.train.list_variables(checkpoint))
     # Any positive decay: only whether the run averaged its weights matters here.
-    return dataclasses.replace(found[0], moving_average_decay=0.9999 if averaged else 0.0)
+    return dataclasses.replace(found[0], moving_average_decay=0.9999 if averaged else 0.0), "fp32"
 
 
-def _load_checkpoint(job_dir: str, checkpoint: str,
-                     class_names: Optional[tuple[str, ...]]) -> Evaluated:
+def _load_checkpoint(job_dir: str, checkpoint: str, class_names: Optional[tuple[str, ...]],
+                     compute_dtype: Optional[Callable[[ModelSettings, str], str]]) -> Evaluated:
     found = checkpoint_model(checkpoint)  # the variable list, read once
-    params = _recorded_params(job_dir, checkpoint, found)
+    params, trained = _recorded_params(job_dir, checkpoint, found)
     num_classes = found[1] if found else schema.NUM_CLASSES
     if class_names is None or len(class_names) != num_classes:
         class_names = tuple(f"class {i}" for i in range(num_classes))
     settings = ModelSettings(params=params, class_names=class_names)
+    if compute_dtype:
+        settings = dataclasses.replace(settings, compute_dtype=compute_dtype(settings, trained))
     weights = FrozenWeights(checkpoint, averaged=params.moving_average_decay > 0)
     network = ServingModule(settings, weights).network
-    return Evaluated(f"checkpoint {checkpoint}", lambda images: network(images)["probabilities"],
+    return Evaluated(f"checkpoint {checkpoint}{_computes_in(settings.compute_dtype)}",
+                     lambda images: network(images)["probabilities"],
                      class_names, checkpoint_step(checkpoint), job_dir)
 
 

@@ -1,0 +1,143 @@
+"""Measuring which precision computes faster on this machine: the probes behind ``auto``.
+
+CPU flags do not tell whether bf16 is faster than fp32. Two CPUs with AVX512_BF16 and no AMX
+train this ResNet-20 at 1.5x fp32's speed in bf16 (AMD Zen 5) and at 0.69x (an Intel Xeon), so
+``--precision auto`` times the real thing instead (docs/cpus.md):
+
+- ``measure_training``: the training step the run will run (the model_fn's graph for its network,
+  depth, batch, data format, towers and session settings, on a fixed random batch), once in each
+  precision, in one process.
+- ``measure_serving``: the export's network (frozen, folded weights) at a serving batch.
+
+Each builds both versions first, warms them up (oneDNN creates its kernels on the first calls),
+then times them alternately, A B A B ..., so that a neighbour stealing CPU time slows both
+alike, and reports each one's median images/s. A probe stops after ``budget_secs`` of timed
+calls, or after ``max_rounds`` rounds; every probe times at least ``MIN_ROUNDS`` rounds.
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from cifar10_estimator.data import schema
+from cifar10_estimator.model import networks
+from cifar10_estimator.model.model_fn import make_model_fn
+from cifar10_estimator.serving.signatures import RandomWeights, ServingModule
+from cifar10_estimator.training import precision, precision_cache
+from cifar10_estimator.training.cpu import CpuInfo
+from cifar10_estimator.training.precision import DTYPES, Choice, Measured
+from cifar10_estimator.training.precision_cache import PrecisionCache
+
+# Rounds (one timed call of each precision) a probe takes at least: a median of three is the
+# fewest that drops one outlier (a call slowed by a neighbour).
+MIN_ROUNDS = 3
+# Untimed calls of each version before timing: oneDNN creates and caches its kernels on the
+# first call, which took 2.5-4x as long as the next ones (ResNet-20 and -44, AMD EPYC Zen 4).
+WARMUP_CALLS = 1
+# The serving probe's batch: the batch size of Keras' Model.predict by default, and the middle
+# column of benchmarks/serving_bench.py (1, 32, 256).
+SERVING_BATCH = 32
+
+
+def time_alternately(calls: dict[str, Callable[[], object]], images_per_call: int,
+                     budget_secs: float, max_rounds: int,
+                     clock: Callable[[], float] = time.perf_counter) -> tuple[dict, int]:
+    """Warms up each call, then times them in turn; the median images/s of each, and the rounds.
+
+    Stops once ``budget_secs`` of timed calls have passed (after at least ``MIN_ROUNDS``
+    rounds) or after ``max_rounds`` rounds.
+    """
+    for call in calls.values():
+        for _ in range(WARMUP_CALLS):
+            call()
+    durations: dict[str, list[float]] = {name: [] for name in calls}
+    spent, rounds = 0.0, 0
+    while rounds < MIN_ROUNDS or (spent < budget_secs and rounds < max_rounds):
+        for name, call in calls.items():
+            start = clock()
+            call()
+            durations[name].append(clock() - start)
+            spent += durations[name][-1]
+        rounds += 1
+    return {name: images_per_call / statistics.median(d) for name, d in durations.items()}, rounds
+
+
+def _random_batch(batch_size: int, num_classes: int):
+    rng = np.random.default_rng(0)
+    images = rng.uniform(0, 255, [batch_size, schema.HEIGHT, schema.WIDTH, schema.CHANNELS])
+    return images.astype(np.float32), rng.integers(0, num_classes, batch_size).astype(np.int32)
+
+
+def measure_training(settings, batch_size: int, session_config: tf.compat.v1.ConfigProto,
+                     budget_secs: float = 1.5, max_rounds: int = 8) -> Measured:
+    """Times the training step of ``settings`` (a ``model_fn.ModelSettings``) in fp32 and bf16.
+
+    The step is the model_fn's train op on one fixed random batch of ``batch_size`` (a worker's
+    batch, split over the settings' towers), in a graph and session of its own with
+    ``session_config`` (the trainer's: threads, logical CPU devices, XLA). Workers' gradient
+    aggregation (``sync``) is left out: its cost is the same in both precisions.
+
+    Raises:
+      tf.errors.OpError: a version cannot run here (the caller treats it as a failed probe).
+    """
+    started = time.perf_counter()
+    images, labels = _random_batch(batch_size, settings.num_classes)
+    params = dataclasses.replace(settings.params, sync=False)
+    sessions, calls = [], {}
+    try:
+        for precision, dtype in DTYPES.items():
+            graph = tf.Graph()
+            with graph.as_default():
+                tf.compat.v1.set_random_seed(0)
+                spec = make_model_fn(dataclasses.replace(
+                    settings, params=params, compute_dtype=dtype, num_workers=1, is_chief=True))(
+                    {"image": tf.constant(images)}, tf.constant(labels),
+                    tf.estimator.ModeKeys.TRAIN)
+                init = tf.compat.v1.global_variables_initializer()
+            session = tf.compat.v1.Session(graph=graph, config=session_config)
+            sessions.append(session)
+            session.run(init)
+            calls[precision] = lambda s=session, op=spec.train_op: s.run(op)
+        per_sec, rounds = time_alternately(calls, batch_size, budget_secs, max_rounds)
+    finally:
+        for session in sessions:
+            session.close()
+    return _measured(per_sec, rounds, started)
+
+
+def measure_serving(settings, batch_size: int, budget_secs: float = 1.0,
+                    max_rounds: int = 20) -> Measured:
+    """Times the export's network for ``settings`` in fp32 and bf16 at ``batch_size`` pictures.
+
+    The network is the serving one (``serving.signatures``: frozen, folded weights, here
+    random ones of the right shapes), called as a SavedModel's signature is.
+    """
+    started = time.perf_counter()
+    images = tf.constant(_random_batch(batch_size, 1)[0])
+    calls = {}
+    for precision, dtype in DTYPES.items():
+        network = ServingModule(dataclasses.replace(settings, compute_dtype=dtype),
+                                RandomWeights()).network
+        calls[precision] = lambda f=network: f(images)["probabilities"].numpy()
+    per_sec, rounds = time_alternately(calls, batch_size, budget_secs, max_rounds)
+    return _measured(per_sec, rounds, started)
+
+
+def _measured(per_sec: dict, rounds: int, started: float) -> Measured:
+    return Measured(per_sec, f"measured now: medians of {rounds} alternating runs, "
+                             f"{time.perf_counter() - started:.1f} s")
+
+
+def serving_choice(requested: str, trained: str, settings, cpu: CpuInfo, onednn: bool,
+                   cache: PrecisionCache) -> Choice:
+    """``--serving-precision`` resolved for the export of ``settings`` (a model trained in
+    ``trained``), measured at ``SERVING_BATCH`` and cached."""
+    work = f"serving {networks.describe(settings.params)}, batch {SERVING_BATCH}"
+    return precision.resolve_serving_precision(
+        requested, trained, cpu, onednn=onednn,
+        measure=lambda: precision_cache.measured(
+            cache, cpu.describe(), work, lambda: measure_serving(settings, SERVING_BATCH)))
