@@ -66,33 +66,34 @@ from cifar10_estimator import fsutil
 from cifar10_estimator.data import metadata
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import import_tensorflow_quietly
-from cifar10_estimator.model.params import ModelParams
-from cifar10_estimator.training import cpu
-from cifar10_estimator.training.config import DEFAULT_TRAIN_STEPS, TrainConfig
-from cifar10_estimator.training import flags as trainer_flags
+from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.platform import cpu
+from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
+from cifar10_estimator.config.settings import RESNET, TrainConfig
+from cifar10_estimator.config import flags as trainer_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = ("paper", "fast", "keras", "tutorial")
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelParams)}
 # The training images the tutorial's 80,000 steps were counted against: its hard-coded 45,000
-# (training/config.py's comment on DEFAULT_TRAIN_STEPS; docs/training.md, "The learning-rate
+# (config/overlays.py's comment on the ResNet's train_steps; docs/training.md, "The learning-rate
 # schedule"). Not a named constant in the package, which counts the records of the training
 # file instead: 40,000 for CIFAR-10 (data_batch_1-4, data/schema.py SPLITS), by which count the
 # default run is 256 epochs. This benchmark scales by the tutorial's 227.6.
 TUTORIAL_TRAIN_IMAGES = 45_000
 # The default run in epochs: 80,000 x 128 / 45,000 = 227.6. The default boundaries
 # (ModelParams.lr_boundary_epochs) are placed within a run of this length.
-DEFAULT_RUN_EPOCHS = DEFAULT_TRAIN_STEPS * DEFAULTS["train_batch_size"] / TUTORIAL_TRAIN_IMAGES
+DEFAULT_RUN_EPOCHS = MODEL_OVERLAYS[RESNET]["train_steps"] * DEFAULTS["train_batch_size"] / TUTORIAL_TRAIN_IMAGES
 # Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747): 6,000 training and 1,000 test pictures
 # per class.
 TEST_PER_CLASS = 1_000
 EVAL_BATCH_SIZE = 100  # the trainer's --eval-batch-size default; 10,000 test pictures divide it
-# The trainer's evaluation lines (training/report.py evaluation_line, logged by
-# training/driver.py; train.py logs the last one again as "final evaluation at step N: ...").
+# The trainer's evaluation lines (evaluation/report.py evaluation_line, logged by
+# training/driver.py and evaluation/report.py; train.py logs the last one again as "final evaluation at step N: ...").
 # The accuracy is printed with 4 significant digits (0.8712, 1, 0.1).
 EVALUATION = re.compile(r"\bevaluation at step (\d+): accuracy = ([0-9.]+(?:e-?\d+)?)")
-# The trainer's line about the data (training/driver.py): "... 60000 train records, 468 steps
+# The trainer's line about the data (training/task.py): "... 60000 train records, 468 steps
 # per epoch, ..."; the Keras run prints the same words.
 STEPS_PER_EPOCH = re.compile(r"\b(\d+) train records, (\d+) steps per epoch")
 FAILED_OUTPUT_CHARS = 3000

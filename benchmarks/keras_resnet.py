@@ -28,9 +28,9 @@ import time
 from machine import print_machine_line
 
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.model import params
-from cifar10_estimator.training import cpu
-from cifar10_estimator.training.precision import resolve_precision
+from cifar10_estimator.config import settings as params
+from cifar10_estimator.platform import cpu
+from cifar10_estimator.platform.precision import resolve_precision
 
 # Stem, then stages 1-3 (He et al. 2015, section 4.2: 16, 32, 64 filters on 32x32, 16x16, 8x8
 # feature maps; the first block of stages 2 and 3 halves the map with a stride of 2).

@@ -8,7 +8,7 @@ lets an AVX-512 machine run oneDNN's AVX2 kernels, as a stand-in for an AVX2-onl
 
 import os
 
-from cifar10_estimator.training import cpu
+from cifar10_estimator.platform import cpu
 
 
 def machine_line() -> str:

@@ -30,8 +30,8 @@ t_import = time.perf_counter()
 from cifar10_estimator.data import schema
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.model.model_fn import make_model_fn
-from cifar10_estimator.training import driver
-from cifar10_estimator.training.config import TrainConfig
+from cifar10_estimator.training import task
+from cifar10_estimator.config.settings import TrainConfig
 
 data_dir, job_dir, depth, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 stamps = {}
@@ -46,8 +46,8 @@ class Stamp(tf.estimator.SessionRunHook):
 
 config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=depth,
                      precision=extra[0] if extra else "fp32")
-rc = driver.run_config(config)
-settings = driver.model_settings(config, 1, True, Cifar10DataSet(data_dir, "train").num_examples(),
+rc = task.run_config(config)
+settings = task.model_settings(config, 1, True, Cifar10DataSet(data_dir, "train").num_examples(),
                                  schema.CLASS_NAMES)
 estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
 t_begin = time.perf_counter()

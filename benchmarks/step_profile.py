@@ -30,7 +30,7 @@ def _ours(depth: int, batch: int):
     import tensorflow as tf
 
     from cifar10_estimator.model import model_fn
-    from cifar10_estimator.model.params import ModelParams
+    from cifar10_estimator.config.settings import ModelParams
 
     settings = model_fn.ModelSettings(ModelParams(num_layers=depth), steps_per_epoch=312,
                                       total_steps=80_000)

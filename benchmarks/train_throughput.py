@@ -35,7 +35,7 @@ import tempfile
 from machine import print_machine_line
 from sample_records import make_sample_records
 
-from cifar10_estimator.training import cpu
+from cifar10_estimator.platform import cpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

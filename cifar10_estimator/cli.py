@@ -45,10 +45,10 @@ def error_prefix(module: str) -> str:
     return invoked_as(module).removeprefix("python -m ")
 
 
-def shown_default(value) -> str:
+def shown(value) -> str:
     """A default as a user would type it: ``82,123,300``, ``true``, ``0.0002``."""
     if isinstance(value, (tuple, list)):
-        return ",".join(shown_default(v) for v in value)
+        return ",".join(shown(v) for v in value)
     if isinstance(value, bool):
         return str(value).lower()
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -68,7 +68,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         if (not action.option_strings or _STATES_DEFAULT.search(text) or default is None
                 or default is argparse.SUPPRESS or default is False):  # --help, --version: SUPPRESS
             return text
-        return f"{text} (default: {shown_default(default).replace('%', '%%')})"
+        return f"{text} (default: {shown(default).replace('%', '%%')})"
 
 
 class Parser(argparse.ArgumentParser):

@@ -3,7 +3,7 @@
     python -m cifar10_estimator.cluster --num-workers 2 --num-ps 1 --evaluator -- \\
         --data-dir DATA --job-dir JOB --train-steps 1000
 
-starts a whole TensorFlow cluster on this host's loopback interface (``training.launcher``):
+starts a whole TensorFlow cluster on this host's loopback interface (``distributed.launcher``):
 every task runs the trainer with everything after ``--`` and its own ``TF_CONFIG``. Exits 0 when
 training finished, 1 when a task failed, 130 when interrupted (Ctrl-C or SIGTERM).
 """
@@ -14,8 +14,8 @@ from typing import Optional, Sequence, TextIO
 
 from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.training import flags
-from cifar10_estimator.training.launcher import Cluster, plan
+from cifar10_estimator.config import flags
+from cifar10_estimator.distributed.launcher import Cluster, plan
 
 MODULE = "cifar10_estimator.cluster"
 
@@ -33,13 +33,13 @@ def build_parser() -> cli.Parser:
                     "every task runs `python -m cifar10_estimator TRAINER_FLAGS` with its own "
                     "TF_CONFIG. Exits 0 when training finished, 1 when a task failed.")
     parser.add_argument("--num-workers", type=int, default=2,
-                        help="training tasks in all: the chief plus N-1 workers (default 2)")
+                        help="training tasks in all: the chief plus N-1 workers")
     parser.add_argument("--num-ps", type=int, default=1,
-                        help="parameter-server tasks (default 1)")
+                        help="parameter-server tasks")
     parser.add_argument("--evaluator", action="store_true",
                         help="add an evaluator task that evaluates each new checkpoint")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address the tasks listen on (default 127.0.0.1)")
+                        help="address the tasks listen on")
     parser.add_argument("--timeout-secs", type=float, default=None,
                         help="stop every task and fail after this long (default: no limit)")
     return parser

@@ -13,19 +13,19 @@ and 85 % of its run. ``--precision auto`` trains in bf16 on CPUs with native bf1
 faster), else fp32. The wall time of every stage is printed at the end.
 """
 
-import json
 import os
 import sys
 import time
 from typing import Optional, Sequence
 
 from cifar10_estimator import cli
+from cifar10_estimator.config.settings import TUTORIAL_BATCH
+from cifar10_estimator.data import sample_data
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.training import cpu
+from cifar10_estimator.platform.process import prepare_process
 
 
 MODULE = "cifar10_estimator.demo"
-BATCH_SIZE = 128  # the tutorial's batch
 
 
 class _Stages:
@@ -75,25 +75,6 @@ def write_example_images(data_dir: str, out_dir: str, count: int) -> list[str]:
     return paths
 
 
-def _finished(job_dir: str, train_steps: int) -> Optional[tuple[int, float, str]]:
-    """(step, eval accuracy, newest export) of a run that already trained to ``train_steps``
-    and reported and exported its final evaluation; None otherwise."""
-    from cifar10_estimator.model.checkpoints import latest_step
-    from cifar10_estimator.serving.client import newest_export
-    from cifar10_estimator.training.report import REPORT_FILE
-
-    step = latest_step(job_dir) if os.path.isdir(job_dir) else 0
-    if step < train_steps:
-        return None
-    try:
-        with open(os.path.join(job_dir, REPORT_FILE)) as f:
-            report = json.load(f)
-        return int(report["global_step"]), float(report["accuracy"]), newest_export(
-            os.path.join(job_dir, "export"))
-    except (OSError, ValueError, KeyError, TypeError, UserError):
-        return None  # finished without its report or export: the trainer makes them again
-
-
 def _run(argv: Optional[Sequence[str]]) -> int:
     parser = cli.Parser(
         MODULE, description="Sample data -> TFRecords -> train ResNet-20 -> evaluate -> export "
@@ -101,18 +82,17 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                             "is done: the records, and the training once it reached "
                             "--train-steps.")
     parser.add_argument("--work-dir", default="demo-run",
-                        help="folder for data, checkpoints and the export (default: demo-run)")
+                        help="folder for data, checkpoints and the export")
     parser.add_argument("--train-steps", type=int, default=400,
-                        help="training steps at batch 128 (default 400)")
-    parser.add_argument("--sample-size", type=int, default=2000,
-                        help="sample images per CIFAR batch file (default 2000)")
+                        help=f"training steps at batch {TUTORIAL_BATCH}")
+    parser.add_argument("--sample-size", type=int, default=sample_data.DEFAULT_IMAGES_PER_BATCH,
+                        help="sample images per CIFAR batch file")
     args = parser.parse_args(argv)
     if args.train_steps < 1:
         raise UserError(f"--train-steps must be 1 or more, got {args.train_steps}")
     data_dir = os.path.join(args.work_dir, "data")
     job_dir = os.path.join(args.work_dir, "job")
-    # Before TensorFlow loads (as the trainer's own command line does): see training/cpu.py.
-    cpu.prefer_onednn(os.environ)
+    prepare_process(os.environ)  # before TensorFlow loads
     stages = _Stages()
 
     from cifar10_estimator import generate, predict, train
@@ -130,23 +110,18 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     stages.begin("2. train ResNet-20 on the CPU, evaluate, export")
     # The rate drops after 60 % and 85 % of the run (the tutorial's drops, at epochs 82 and
     # 123 of ~160, sit at 50 % and 75 %; a run this short needs a longer first phase).
-    epochs = args.train_steps * BATCH_SIZE / metadata.split_size(data_dir, "train")
+    epochs = args.train_steps * TUTORIAL_BATCH / metadata.split_size(data_dir, "train")
     boundaries = ",".join(f"{epochs * f:.2f}" for f in (0.6, 0.85))
     train_flags = ["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", "20",
-                   "--train-steps", str(args.train_steps), "--train-batch-size", str(BATCH_SIZE),
+                   "--train-steps", str(args.train_steps), "--train-batch-size", str(TUTORIAL_BATCH),
                    "--eval-batch-size", "250", "--lr-boundary-epochs", boundaries,
                    "--lr-decay-factors", "1,0.1,0.01", "--save-checkpoints-steps", "500",
                    "--eval-throttle-secs", "60", "--seed", "1", "--precision", "auto"]
-    finished = _finished(job_dir, args.train_steps)
-    if finished:
-        step, accuracy, saved_model = finished
-        print(f"already trained to step {step} in {job_dir}: nothing to train; its final "
-              f"evaluation and export are kept", flush=True)
-    else:
-        print("python -m cifar10_estimator " + " ".join(train_flags), flush=True)
-        result = train.run(train_flags)
-        accuracy = result.eval_metrics["accuracy"] if result.eval_metrics else None
-        saved_model = result.export_path
+    print("python -m cifar10_estimator " + " ".join(train_flags), flush=True)
+    # A rerun of a finished demo trains and exports nothing: the trainer reports its result.
+    result = train.run(train_flags)
+    accuracy = result.eval_metrics["accuracy"] if result.eval_metrics else None
+    saved_model = result.export_path
 
     stages.begin("3. classify a few held-out images with the SavedModel")
     images = write_example_images(data_dir, os.path.join(args.work_dir, "images"), 5)

@@ -2,7 +2,7 @@
 
 Evaluates a SavedModel export, or a job dir's latest (or named) checkpoint, once on a split of a
 records folder; prints the accuracy, the per-class table and the most confused pairs, and writes
-the report JSON (``training.evaluation`` and ``training.report`` do the work).
+the report JSON (``evaluation.offline`` and ``evaluation.report`` do the work).
 """
 
 import os
@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 from cifar10_estimator import cli, logs
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.training import cpu
+from cifar10_estimator.platform import cpu
+from cifar10_estimator.platform.process import prepare_process
 
 MODULE = "cifar10_estimator.evaluate"
 
@@ -34,16 +35,16 @@ def _parser() -> cli.Parser:
     parser.add_argument("--data-dir", required=True,
                         help="records folder (CIFAR-10, CIFAR-100 or an image folder's)")
     parser.add_argument("--split", default="eval", choices=sorted(schema.SPLITS),
-                        help="which records to evaluate on (default: eval)")
+                        help="which records to evaluate on")
     parser.add_argument("--checkpoint", metavar="STEP_OR_PATH",
                         help="a job dir's checkpoint: a global step or a checkpoint path "
                              "(default: the latest)")
     parser.add_argument("--batch-size", type=int, default=100,
-                        help="pictures per evaluation batch (default: 100)")
+                        help="pictures per evaluation batch")
     parser.add_argument("--report", metavar="PATH",
                         help="where the report JSON goes (default: JOB_DIR/eval_report_<split>_"
-                             "step<N>.json for a job dir, eval_report_<split>.json in the "
-                             "current folder for an export)")
+                             "step<N>.json for a job dir, EXPORT_FOLDER/eval_report_<split>_"
+                             "<version>.json for an export)")
     return parser
 
 
@@ -51,13 +52,14 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be 1 or more, got {args.batch_size}")
-    cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as every command does
-    logs.import_tensorflow_quietly(cpp_level="3")
+    prepare_process(os.environ, cpp_log_level="3")  # before TensorFlow loads
+    logs.import_tensorflow_quietly()
     import tensorflow as tf
 
     from cifar10_estimator.data import metadata
-    from cifar10_estimator.training import evaluation, precision, precision_cache, precision_probe
-    from cifar10_estimator.training import report
+    from cifar10_estimator.evaluation import offline
+    from cifar10_estimator.platform import precision, precision_cache, precision_probe
+    from cifar10_estimator.evaluation import report
 
     info = metadata.dataset_info(args.data_dir)
     metadata.existing_record_path(args.data_dir, args.split)  # a missing split: one line
@@ -72,8 +74,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                                                 cpu.onednn_enabled(), cache)
         return precision.DTYPES[choice.precision]
 
-    model = evaluation.load(args.model, args.checkpoint, info.class_names, compute_dtype)
-    metrics = evaluation.evaluate(model, args.data_dir, args.split, args.batch_size)
+    model = offline.load(args.model, args.checkpoint, info.class_names, compute_dtype)
+    metrics = offline.evaluate(model, args.data_dir, args.split, args.batch_size)
     content = report.build(metrics, model.class_names, info.dataset)
     content.update(split=args.split, evaluated=model.what, examples=metrics["examples"])
     print(f"{model.what} on the {args.split} split of {args.data_dir} "
@@ -81,9 +83,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
           f"cross_entropy = {metrics['cross_entropy']:.4g}")
     for line in report.log_lines(content):
         print(line)
-    path = args.report or (
-        os.path.join(model.job_dir, f"eval_report_{args.split}_step{model.global_step}.json")
-        if model.job_dir else f"eval_report_{args.split}.json")
+    path = args.report or offline.default_report_path(model, args.split)
     print(f"report: {report.write_file(path, content)}")
     return 0
 

@@ -17,6 +17,7 @@ from cifar10_estimator import cli, logs
 from cifar10_estimator.data import archives, sample_data, schema, writer
 from cifar10_estimator.data.sources import load_source
 from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.platform.process import prepare_process
 
 MODULE = "cifar10_estimator.generate"
 
@@ -133,6 +134,7 @@ def _load(args: argparse.Namespace):
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    prepare_process(os.environ)  # before TensorFlow loads (only for what needs it, below)
     _refuse_combinations(args)
     started = time.monotonic()
     source = _load(args)

@@ -23,6 +23,9 @@ import sys
 from typing import Iterator
 
 
+CPP_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"  # read by TensorFlow's C++ once, when it loads
+
+
 @contextlib.contextmanager
 def _native_stderr_silenced() -> Iterator[None]:
     """Points file descriptor 2 at /dev/null for the block (C++ writes bypass sys.stderr)."""
@@ -43,7 +46,7 @@ def import_tensorflow_quietly(cpp_level: str = "2") -> None:
 
     ``TF_CPP_MIN_LOG_LEVEL`` is read once, when TensorFlow loads, so it must be set first.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", cpp_level)
+    os.environ.setdefault(CPP_LOG_LEVEL_ENV, cpp_level)
     if "tensorflow" not in sys.modules:
         with _native_stderr_silenced():
             import tensorflow  # noqa: F401

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from cifar10_estimator import cli, logs
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.training import cpu
+from cifar10_estimator.platform.process import prepare_process
 
 MODULE = "cifar10_estimator.predict"
 
@@ -35,8 +35,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     args = parser.parse_args(argv)
     if args.top < 1:
         raise UserError(f"--top must be 1 or more, got {args.top}")
-    cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as every command does
-    logs.import_tensorflow_quietly(cpp_level="3")
+    prepare_process(os.environ, cpp_log_level="3")  # before TensorFlow loads
+    logs.import_tensorflow_quietly()
     from cifar10_estimator.serving import client
 
     folder = client.newest_export(args.saved_model)

@@ -1,8 +1,9 @@
 """The trainer command: ``python -m cifar10_estimator`` (``cifar10-train``).
 
-Flags (``training.flags``) -> ``TrainConfig`` -> ``training.driver.train_and_evaluate`` -> the
-run summary. It does the process-level set-up a library must not do: oneDNN on before
-TensorFlow loads (``training.cpu``), a readable log (``logs``), the CPU as oneDNN sees it,
+Flags (``config.flags``) -> ``TrainConfig`` -> ``training.driver.train_and_evaluate`` -> the
+run summary. It does the process-level set-up a library must not do: oneDNN on and
+TensorFlow's log level before TensorFlow loads (``platform.process``), a readable log
+(``logs``), the CPU as oneDNN sees it, the user's cache folder for the precision probes,
 SIGTERM and SIGINT handled as a preemption (``training.preemption``: save, exit 143 or 130),
 and one-line errors with exit status 2 for user mistakes (``errors.run_cli``).
 """
@@ -15,7 +16,9 @@ from typing import Optional, Sequence
 
 from cifar10_estimator import logs
 from cifar10_estimator.errors import run_cli
-from cifar10_estimator.training import cpu, flags
+from cifar10_estimator.config import flags
+from cifar10_estimator.platform import cpu
+from cifar10_estimator.platform.process import prepare_process
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -26,11 +29,11 @@ def run(argv: Optional[Sequence[str]] = None):
     Raises UserError for user mistakes (``main`` prints them as one line).
     """
     config, verbose = flags.parse(argv)
-    # Before TensorFlow loads: oneDNN roughly doubles CPU training speed where TF leaves it
-    # off (AVX2-only CPUs) and is what runs channels_first on a CPU (see training/cpu.py).
-    cpu.prefer_onednn(os.environ)
+    prepare_process(os.environ)  # before TensorFlow loads
     logs.setup_logging(verbose)
-    from cifar10_estimator.training import driver, precision_cache, report, summary  # TF loads
+    from cifar10_estimator.training import driver, summary  # TF loads
+    from cifar10_estimator.platform import precision_cache
+    from cifar10_estimator.evaluation import report
     from cifar10_estimator.training.preemption import Preemption
 
     started = time.monotonic()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cifar10_estimator.data import pickles, schema
-from cifar10_estimator.training import cpu
+from cifar10_estimator.platform import cpu
 
 # The suite's own process runs TensorFlow as the command lines do: oneDNN on unless the user
 # chose (cpu.prefer_onednn). Run with TF_ENABLE_ONEDNN_OPTS=0 to test the Eigen kernels that an

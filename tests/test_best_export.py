@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.model import model_fn
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.serving import best_export, export
 from trainer_fixtures import TINY_FLAGS, checkpoint_of
 

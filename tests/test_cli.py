@@ -5,7 +5,7 @@ import os
 import pytest
 
 from cifar10_estimator import train
-from cifar10_estimator.training import flags
+from cifar10_estimator.config import flags
 from trainer_fixtures import TINY_FLAGS, run_module
 
 

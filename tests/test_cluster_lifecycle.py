@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.training import driver, evaluator, launcher
+from cifar10_estimator.training import task
+from cifar10_estimator.distributed import evaluator, launcher
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
 
@@ -179,11 +180,11 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
             copy_checkpoint(4)
         return eval_data.make_batch(8)
 
-    from cifar10_estimator.training.config import TrainConfig
+    from cifar10_estimator.config.settings import TrainConfig
 
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          train_batch_size=8, eval_batch_size=8)
-    settings = driver.model_settings(config, 1, False, 96, schema.CLASS_NAMES)
+    settings = task.model_settings(config, 1, False, 96, schema.CLASS_NAMES)
     from cifar10_estimator.model.model_fn import make_model_fn
 
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)

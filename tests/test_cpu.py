@@ -9,7 +9,7 @@ import os
 import pytest
 
 from cifar10_estimator import train
-from cifar10_estimator.training import cpu, precision
+from cifar10_estimator.platform import cpu, precision
 from cifar10_estimator.errors import UserError
 from trainer_fixtures import TINY_FLAGS, run_module
 

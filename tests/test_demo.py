@@ -18,7 +18,7 @@ def test_the_demo_runs_and_its_rerun_skips_the_finished_work(tmp_path):
     again = run_module("cifar10_estimator.demo", *flags)
     assert again.returncode == 0, again.stderr[-3000:]
     out = again.stdout
-    assert "records already in" in out and "already trained to step 2" in out
+    assert "records already in" in out and "already trained to step 2" in again.stderr
     assert "Saving checkpoints" not in again.stderr  # nothing trained
     # The finished run's result, not "nan%", and no second export.
     assert f"eval accuracy of ResNet-20 after 2 steps: {accuracy.group(1)}" in out

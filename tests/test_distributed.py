@@ -18,8 +18,9 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.data import schema
-from cifar10_estimator.training import driver, launcher
-from cifar10_estimator.training.config import TrainConfig
+from cifar10_estimator.training.task import model_settings
+from cifar10_estimator.distributed import launcher
+from cifar10_estimator.config.settings import TrainConfig
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
 
 STEPS = 40
@@ -284,7 +285,7 @@ def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
     sync_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8, sync=True)
     # 96 records: 12 batches of 8. Async: one batch per global step, whatever the workers.
     names = schema.CLASS_NAMES
-    assert driver.model_settings(async_config, 2, True, 96, names).steps_per_epoch == 12
+    assert model_settings(async_config, 2, True, 96, names).steps_per_epoch == 12
     # Sync with 2 workers: each global step consumes 2 batches.
-    assert driver.model_settings(sync_config, 2, True, 96, names).steps_per_epoch == 6
-    assert driver.model_settings(sync_config, 1, True, 96, names).steps_per_epoch == 12
+    assert model_settings(sync_config, 2, True, 96, names).steps_per_epoch == 6
+    assert model_settings(sync_config, 1, True, 96, names).steps_per_epoch == 12

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.training import job_lock, settings_record
+from cifar10_estimator.jobdir import lock as job_lock, settings_record
 from trainer_fixtures import TINY_FLAGS, Trainer, checkpoint_step, run_module
 
 

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
-from cifar10_estimator.training import flags
+from cifar10_estimator.config import flags
 from trainer_fixtures import REPO
 
 MANIFEST = os.path.join(REPO, "k8s", "tfjob.yaml")
@@ -111,3 +111,14 @@ def test_the_manifest_passes_the_operators_own_schema(tfjob):
     broken = copy.deepcopy(tfjob)
     broken["spec"]["tfReplicaSpecs"]["PS"]["replicas"] = "two"
     assert list(validator.iter_errors(broken))
+
+
+def test_the_dockerfile_builds_the_image_the_manifest_runs(tfjob):
+    with open(os.path.join(REPO, "Dockerfile")) as f:
+        lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert lines[0].startswith("FROM python:3.11")  # TensorFlow 2.15 stops at Python 3.11
+    assert "COPY cifar10_estimator ./cifar10_estimator" in lines
+    assert any(line.startswith("RUN pip install --no-cache-dir .") for line in lines)
+    for spec in tfjob["spec"]["tfReplicaSpecs"].values():
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["command"] == ["python", "-m", "cifar10_estimator"]

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from cifar10_estimator.config.settings import ModelParams, global_batch
+from cifar10_estimator.data import schema
 from cifar10_estimator.model import model_fn, schedules
-from cifar10_estimator.model.params import ModelParams, global_batch
 
 SETTINGS = model_fn.ModelSettings(ModelParams(num_layers=8), steps_per_epoch=10)
 ModeKeys = tf.estimator.ModeKeys
@@ -33,7 +34,7 @@ def test_predict_mode_has_predictions_and_export_outputs_and_no_training():
 def test_eval_mode_has_weighted_metrics_and_no_optimizer():
     with tf.Graph().as_default():
         spec = _spec(ModeKeys.EVAL, weight=[1] * 6 + [0, 0])
-        per_class = {f"per_class_accuracy/class_{i}" for i in range(10)}
+        per_class = {f"per_class_accuracy/{name}" for name in schema.CLASS_NAMES}
         assert set(spec.eval_metric_ops) == {"accuracy", "cross_entropy", "confusion_matrix",
                                              "confusion_matrix_image"} | per_class
         assert spec.train_op is None and spec.loss.shape == ()

@@ -17,9 +17,9 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.model_fn import ModelSettings
-from cifar10_estimator.model.params import ModelParams
-from cifar10_estimator.training import cpu, precision, precision_cache, precision_probe
-from cifar10_estimator.training.precision import Measured, ProbeFailed
+from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.platform import cpu, precision, precision_cache, precision_probe
+from cifar10_estimator.platform.precision import Measured, ProbeFailed
 from trainer_fixtures import TINY_FLAGS, run_module
 
 ZEN3 = cpu.CpuInfo("AMD EPYC 7B13", frozenset({"avx2", "fma"}))

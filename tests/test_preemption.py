@@ -16,7 +16,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator.training import launcher
+from cifar10_estimator.distributed import launcher
 from trainer_fixtures import REPO, TINY_FLAGS, Trainer, checkpoint_step, trainer_env
 
 _STOPPED = re.compile(r"received (SIGTERM|SIGINT) at step (\d+): saved (\S+); rerun the same "

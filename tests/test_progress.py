@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.model import confusion_image, model_fn
-from cifar10_estimator.training import progress, report
+from cifar10_estimator.training import progress
+from cifar10_estimator.evaluation import report
 from trainer_fixtures import REPO, TINY_FLAGS
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from cifar10_estimator.model import model_fn, towers
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.config.settings import ModelParams
 
 
 def test_tower_devices():

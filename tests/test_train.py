@@ -13,8 +13,9 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.training import driver, recipes
-from cifar10_estimator.training.config import TrainConfig
+from cifar10_estimator.config import overlays
+from cifar10_estimator.training import task
+from cifar10_estimator.config.settings import TrainConfig
 from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step, run_module
 
 _SERVE_SCRIPT = """
@@ -52,7 +53,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     images = images_chw[:6].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
-    settings = driver.model_settings(config, 1, True, 96, schema.CLASS_NAMES)
+    settings = task.model_settings(config, 1, True, 96, schema.CLASS_NAMES)
     from cifar10_estimator.model.model_fn import make_model_fn
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
     expected = np.stack([p["probabilities"] for p in estimator.predict(
@@ -132,7 +133,7 @@ def test_train_epochs_sets_the_length_and_a_recipe_gives_defaults_that_flags_ove
                       "--lr-schedule", "cosine", "--warmup-epochs", "0.5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     # The recipe's values are logged; the flags given win and are marked.
-    fast = recipes.RECIPES["fast"]
+    fast = overlays.RECIPES["fast"]
     line = next(x for x in proc.stderr.splitlines() if "recipe fast: " in x)
     assert "--lr-schedule cosine (given)" in line and "--train-batch-size 8 (given)" in line
     assert "--warmup-epochs 0.5 (given)" in line

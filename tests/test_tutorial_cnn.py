@@ -13,8 +13,8 @@ import tensorflow as tf
 from cifar10_estimator import evaluate
 from cifar10_estimator.data import metadata, pipeline
 from cifar10_estimator.model import networks, tutorial_cnn
-from cifar10_estimator.model.params import TUTORIAL_CNN, ModelParams
-from cifar10_estimator.training import flags
+from cifar10_estimator.config.settings import TUTORIAL_CNN, ModelParams
+from cifar10_estimator.config import flags
 from trainer_fixtures import checkpoint_step, run_module
 
 CNN = ModelParams(model=TUTORIAL_CNN)

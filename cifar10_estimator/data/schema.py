@@ -31,6 +31,13 @@ CLASS_NAMES = (
     "dog", "frog", "horse", "ship", "truck",
 )
 
+
+
+def placeholder_class_names(count: int) -> tuple[str, ...]:
+    """Names for classes a source does not name: ``class 0``, ``class 1``, ..."""
+    return tuple(f"class {i}" for i in range(count))
+
+
 # Which python batches make each split. The original tutorial's mapping: batch 5 is held out
 # as validation, the official test batch is "eval".
 SPLITS: Mapping[str, tuple[str, ...]] = {

@@ -67,7 +67,7 @@ def _cifar100_source(batches_dir: str, description: str, label_mode: str) -> Sou
               "validation": [pickles.Batch(train.data[cut:], train.labels[cut:])],
               "eval": [loaded["test"]]}
     names = pickles.load_label_names(os.path.join(batches_dir, "meta"), f"{label_mode}_label_names",
-                                     classes) or tuple(f"class {i}" for i in range(classes))
+                                     classes) or schema.placeholder_class_names(classes)
     return Source(splits, f"{description}, {label_mode} labels", names,
                   f"cifar100-{label_mode}")
 

@@ -13,7 +13,7 @@ from typing import Optional
 import tensorflow as tf
 
 from cifar10_estimator.data import schema
-from cifar10_estimator.model.params import RESNET, TUTORIAL_CNN, ModelParams, depth
+from cifar10_estimator.config.settings import RESNET, TUTORIAL_CNN, ModelParams, depth
 
 _BLOCK = re.compile(r"^resnet/stage(\d)/block(\d+)/")
 _TUTORIAL_OUTPUT = "tutorial_cnn/softmax_linear/biases"  # its class count is its shape

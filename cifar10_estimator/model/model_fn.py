@@ -15,13 +15,14 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from cifar10_estimator.data import schema
 from cifar10_estimator.model import metrics, networks, schedules, sync_replicas, towers
-from cifar10_estimator.model.params import ModelParams, global_batch
+from cifar10_estimator.config.settings import ModelParams, global_batch
 
 log = logging.getLogger("cifar10_estimator")
 
 PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
-# Marks the check_numerics failure of a NaN or infinite loss (see training.guards).
+# Marks the check_numerics failure of a NaN or infinite loss (see jobdir.guards).
 NAN_LOSS_MESSAGE = "training loss is NaN or infinite"
 # Tensors are named *_value so that the summaries (and Estimator's own "loss") get the plain
 # tags: an op named "loss" would turn the summary's tag into "loss_1".
@@ -47,7 +48,7 @@ class ModelSettings:
     is_chief: bool = True
     compute_dtype: str = "float32"
     # Names of the classes in label order; their count is the width of the logits.
-    class_names: Sequence[str] = tuple(f"class_{i}" for i in range(10))
+    class_names: Sequence[str] = schema.CLASS_NAMES
 
     @property
     def num_classes(self) -> int:

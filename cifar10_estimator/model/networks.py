@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from cifar10_estimator.data import pipeline
 from cifar10_estimator.model import resnet, tutorial_cnn
-from cifar10_estimator.model.params import RESNET, TUTORIAL_CNN, ModelParams
+from cifar10_estimator.config.settings import RESNET, TUTORIAL_CNN, ModelParams
 
 # The variable scope of each network's weights: the first word of every checkpoint name.
 SCOPES = {RESNET: "resnet", TUTORIAL_CNN: "tutorial_cnn"}

@@ -21,7 +21,7 @@ it, over the same variables (so the same checkpoint fits).
 
 import tensorflow as tf
 
-from cifar10_estimator.model.params import blocks_per_stage
+from cifar10_estimator.config.settings import blocks_per_stage
 
 DATA_FORMATS = ("channels_last", "channels_first")
 NUM_FILTERS = (16, 16, 32, 64)  # stem, then stages 1-3 (paper, section 4.2)

@@ -6,10 +6,10 @@ Learning-rate schedules, all counted in global steps and epochs of the training 
   boundaries (He et al. 2015, section 4.2, by way of tensorpack's cifar10-resnet).
 - ``cosine``: half a cosine from the peak down to 0 at the run's last step (Loshchilov and
   Hutter 2017, "SGDR", arXiv:1608.03983, without restarts).
-- ``one-cycle``: linear up from peak / 25 to the peak, then half a cosine down to
-  peak / 250,000 at the last step (Smith and Topin 2017, "Super-Convergence",
-  arXiv:1708.07120; the 25 and the 1e4 after it are PyTorch's ``OneCycleLR`` defaults, its
-  ``div_factor`` and ``final_div_factor``, and 30 % rising its ``pct_start``).
+- ``one-cycle``: linear up from a fraction of the peak to the peak, then half a cosine down to
+  a far smaller fraction at the last step (Smith and Topin 2017, "Super-Convergence",
+  arXiv:1708.07120; the fractions and the rising share are ``config.settings``' ONE_CYCLE_*,
+  PyTorch's ``OneCycleLR`` defaults).
 
 The peak is ``learning_rate``, scaled by global batch / ``lr_reference_batch`` when that is set:
 Goyal et al.'s linear scaling rule (section 2.1), which keeps the updates of one epoch the same
@@ -24,11 +24,8 @@ import math
 
 import tensorflow as tf
 
-from cifar10_estimator.model.params import ModelParams
-
-ONE_CYCLE_START_DIVISOR = 25.0  # PyTorch OneCycleLR's div_factor
-ONE_CYCLE_END_DIVISOR = ONE_CYCLE_START_DIVISOR * 1e4  # ... and its final_div_factor
-ONE_CYCLE_RISE = 0.3  # ... and its pct_start: the rising share of the run
+from cifar10_estimator.config.settings import (ONE_CYCLE_END_DIVISOR, ONE_CYCLE_RISE,
+                                               ONE_CYCLE_START_DIVISOR, ModelParams)
 
 
 def peak_learning_rate(params: ModelParams, global_batch: int) -> float:

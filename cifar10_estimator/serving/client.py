@@ -17,8 +17,9 @@ import tensorflow as tf
 from cifar10_estimator.data import images, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving.export import CLASS_NAMES_FILE
+from cifar10_estimator.serving.signatures import IMAGES_SIGNATURE
 
-SAVED_MODEL_FILE = "saved_model.pb"
+SAVED_MODEL_FILE = tf.saved_model.SAVED_MODEL_FILENAME_PB
 
 
 def load_image(path: str) -> tf.Tensor:
@@ -59,11 +60,11 @@ def newest_export(folder: str) -> str:
 def load_model(saved_model_dir: str):
     """Loads the SavedModel and its serving_default signature; UserError if it is not one."""
     if not os.path.isfile(os.path.join(saved_model_dir, SAVED_MODEL_FILE)):
-        raise UserError(f"{saved_model_dir} is not a SavedModel folder (no saved_model.pb); "
+        raise UserError(f"{saved_model_dir} is not a SavedModel folder (no {SAVED_MODEL_FILE}); "
                         f"pass a numbered folder under the trainer's --export-dir")
     try:
         model = tf.saved_model.load(saved_model_dir)
-        signature = model.signatures["serving_default"]
+        signature = model.signatures[IMAGES_SIGNATURE]
     except (KeyError, ValueError, OSError, tf.errors.OpError) as e:
         raise UserError(f"{saved_model_dir} is not a usable SavedModel of this package "
                         f"({type(e).__name__})") from None
@@ -85,7 +86,7 @@ def class_names(saved_model_dir: str, num_classes: int) -> tuple[str, ...]:
         return names
     if num_classes == schema.NUM_CLASSES:
         return schema.CLASS_NAMES
-    return tuple(f"class {i}" for i in range(num_classes))
+    return schema.placeholder_class_names(num_classes)
 
 
 def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3

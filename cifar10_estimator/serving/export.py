@@ -32,11 +32,11 @@ from cifar10_estimator.serving.signatures import CLASSIFY_SIGNATURE, FrozenWeigh
 
 log = logging.getLogger("cifar10_estimator")
 
-CLASS_NAMES_FILE = os.path.join("assets.extra", "class_names.txt")
-EVAL_METRICS_FILE = os.path.join("assets.extra", "eval_metrics.json")
+CLASS_NAMES_FILE = os.path.join(warmup.ASSETS_EXTRA, "class_names.txt")
+EVAL_METRICS_FILE = os.path.join(warmup.ASSETS_EXTRA, "eval_metrics.json")
 # The dtype the network computes in (float32 or bfloat16): a bfloat16 export is fast only on
 # machines with native bf16 (docs/serving.md).
-COMPUTE_DTYPE_FILE = os.path.join("assets.extra", "compute_dtype.txt")
+COMPUTE_DTYPE_FILE = os.path.join(warmup.ASSETS_EXTRA, "compute_dtype.txt")
 
 
 def _remove_unfinished(export_dir: str) -> None:
@@ -52,7 +52,7 @@ def _set_classify_method(folder: str) -> None:
     ``tf.saved_model.save`` writes every signature as a predict signature and has no
     argument for the method, so the saved proto is edited, and its fingerprint rewritten.
     """
-    path = os.path.join(folder, "saved_model.pb")
+    path = os.path.join(folder, tf.saved_model.SAVED_MODEL_FILENAME_PB)
     proto = saved_model_pb2.SavedModel()
     with open(path, "rb") as f:
         proto.ParseFromString(f.read())
@@ -68,7 +68,7 @@ def _set_classify_method(folder: str) -> None:
 
 def _write_assets(folder: str, settings: ModelSettings, requests: list,
                   metrics: Optional[dict]) -> None:
-    os.makedirs(os.path.join(folder, "assets.extra"))
+    os.makedirs(os.path.join(folder, warmup.ASSETS_EXTRA))
     with open(os.path.join(folder, CLASS_NAMES_FILE), "w") as f:
         f.write("".join(f"{name}\n" for name in settings.class_names))
     with open(os.path.join(folder, COMPUTE_DTYPE_FILE), "w") as f:

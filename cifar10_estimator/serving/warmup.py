@@ -19,10 +19,14 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.serving.signatures import (BYTES_SIGNATURE, CLASSIFY_SIGNATURE,
                                                   EXAMPLES_SIGNATURE, IMAGES_SIGNATURE)
 
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+# TensorFlow Serving's folder for files beside a SavedModel (its warm-up requests among them).
+ASSETS_EXTRA = "assets.extra"
+WARMUP_FILE = os.path.join(ASSETS_EXTRA, "tf_serving_warmup_requests")
+# The model name of the requests and of the serving command the run summary prints.
+SERVING_MODEL_NAME = "cifar10"
 
 
-def warmup_requests(model_name: str = "cifar10") -> list[bytes]:
+def warmup_requests(model_name: str = SERVING_MODEL_NAME) -> list[bytes]:
     """Serialized PredictionLog records, one per signature (TF Serving's warm-up format)."""
     grey = np.full((1, schema.HEIGHT, schema.WIDTH, schema.CHANNELS), 128, np.uint8)
     png = tf.io.encode_png(grey[0]).numpy()

@@ -1,2 +1,2 @@
-"""Training: settings and flags, the CPU and precision, the ``train_and_evaluate`` driver, the
-evaluator and cluster tasks, progress, guards, reports and the local cluster launcher."""
+"""Training: the ``train_and_evaluate`` driver and what runs inside it: progress, preemption,
+precise batch norm, and the run summary."""

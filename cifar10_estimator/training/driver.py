@@ -1,9 +1,10 @@
 """The driver: one ``TrainConfig`` in, ``tf.estimator.train_and_evaluate`` run, SavedModel out.
 
-This is the only module that builds the Estimator's ``RunConfig``, and through it the only
-consumer of ``TF_CONFIG`` (the cluster and this task's role). Locally it trains, evaluates each
-new checkpoint (at most every ``--eval-throttle-secs``) and once at the end, then exports.
-Rerunning with the same job dir resumes from the latest checkpoint there.
+Each task first resolves itself (``task``: its role from ``TF_CONFIG``, the data, the model's
+settings, the precision). Locally it then trains, evaluates each new checkpoint (at most every
+``--eval-throttle-secs``) and once at the end, then exports. Rerunning with the same job dir
+resumes from the latest checkpoint there; rerunning a finished job reports its result and
+trains and exports nothing.
 
 In a cluster (``TF_CONFIG`` with a ``cluster``) the role decides: a ``ps`` serves variables
 until the training tasks are done (``distributed.run_parameter_server``); ``chief`` and
@@ -18,33 +19,36 @@ in a cluster, the evaluator) also exports each evaluation that beats the best so
 
 import contextlib
 import dataclasses
+import json
 import logging
-import math
-from typing import Callable, Optional, Sequence
+import os
+from typing import Callable, Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.data import metadata
-from cifar10_estimator.data.pipeline import Cifar10DataSet
+from cifar10_estimator.config import overlays
+from cifar10_estimator.config.checks import validate
+from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.distributed import cluster as distributed
+from cifar10_estimator.distributed import evaluator
 from cifar10_estimator.errors import Stopped, UserError
-from cifar10_estimator.model import checkpoints, towers
-from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
-from cifar10_estimator.model import networks, schedules
-from cifar10_estimator.model.params import ModelParams, global_batch
+from cifar10_estimator.evaluation import report
+from cifar10_estimator.jobdir import guards, settings_record
+from cifar10_estimator.jobdir.lock import JobLock
+from cifar10_estimator.model import checkpoints
+from cifar10_estimator.model.model_fn import make_model_fn
+from cifar10_estimator.platform import cpu, precision, precision_cache
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
-from cifar10_estimator.serving.export import export_saved_model
-from cifar10_estimator.training import (cpu, distributed, evaluator, guards, precise_bn,
-                                        precision, precision_cache, precision_probe, progress,
-                                        recipes, report, settings_record)
-from cifar10_estimator.training.job_lock import JobLock
-from cifar10_estimator.training.preemption import Preemption
-from cifar10_estimator.training.config import MODEL_TRAIN_STEPS, TrainConfig, validate
+from cifar10_estimator.serving import client
+from cifar10_estimator.serving.export import EVAL_METRICS_FILE, export_saved_model
+from cifar10_estimator.training import precise_bn, progress, task
+from cifar10_estimator.training.preemption import Preemption, stopped_line
+from cifar10_estimator.training.task import Job
 
 log = logging.getLogger("cifar10_estimator")
 
 # How long a finished trainer tries to tell a parameter server so (a live one answers in ms).
 _REPORT_TIMEOUT_SECS = 30
-_CLUSTER_HELP = "see docs/distributed.md"
 
 
 @dataclasses.dataclass
@@ -58,214 +62,7 @@ class TrainResult:
     role: str = "local"  # the task's type in TF_CONFIG's cluster, or "local"
 
 
-@dataclasses.dataclass
-class _Job:
-    """What the driver resolved for this task before it builds the Estimator."""
-
-    config: TrainConfig
-    rc: tf.estimator.RunConfig
-    cluster: dict
-    in_cluster: bool
-    info: metadata.DatasetInfo
-    settings: ModelSettings
-    train_data: Cifar10DataSet
-    eval_data: Cifar10DataSet
-    preemption: Preemption
-    machine: "_Machine"
-    # What an export computes with (the serving precision), on the tasks that export.
-    serving_settings: Optional[ModelSettings] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Machine:
-    """What the precision choice measures on: the CPU as oneDNN sees it, oneDNN's state and
-    the probes' cache."""
-
-    cpu: cpu.CpuInfo
-    onednn: bool
-    cache: precision_cache.PrecisionCache
-
-
-def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
-                   ) -> tf.compat.v1.ConfigProto:
-    """Threading, placement and logical CPU devices for every session of the job.
-
-    ``device_filters`` limits a cluster task's sessions to the tasks it needs
-    (``distributed.device_filters``).
-    """
-    proto = tf.compat.v1.ConfigProto(
-        allow_soft_placement=True,
-        log_device_placement=config.log_device_placement,
-        intra_op_parallelism_threads=config.num_intra_threads,
-        inter_op_parallelism_threads=config.num_inter_threads,
-        # Pinned host memory makes host-to-GPU copies of input batches faster.
-        gpu_options=tf.compat.v1.GPUOptions(force_gpu_compatible=True))
-    if config.num_gpus == 0 and config.num_cpu_towers > 1:
-        proto.device_count["CPU"] = config.num_cpu_towers
-    if config.xla:
-        proto.graph_options.optimizer_options.global_jit_level = (
-            tf.compat.v1.OptimizerOptions.ON_1)
-    proto.device_filters.extend(device_filters)
-    return proto
-
-
-def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
-    """The Estimator RunConfig; reads TF_CONFIG for the cluster and this task's role."""
-    worker_delay = config.max_worker_delay_secs
-    if worker_delay is None and config.sync:
-        # Staggering exists for async updates; a sync step waits for every worker anyway.
-        worker_delay = 0
-    try:
-        rc = tf.estimator.RunConfig(
-            model_dir=config.job_dir,
-            tf_random_seed=config.seed,
-            session_config=session_config(config),
-            save_checkpoints_steps=config.save_checkpoints_steps,
-            save_checkpoints_secs=config.checkpoint_secs,
-            keep_checkpoint_max=config.keep_checkpoint_max,
-            save_summary_steps=config.save_summary_steps,
-            # The checkpoint hook would otherwise serialise the whole training graph twice
-            # more at start-up (graph.pbtxt and a .meta file with every checkpoint), about a
-            # second for ResNet-44; TensorBoard still gets the graph from the event file, and
-            # resuming rebuilds the graph from code.
-            checkpoint_save_graph_def=False,
-            # The progress hook logs step/total, loss, learning rate, images/s and ETA, and
-            # writes images/s and global_step/sec summaries; the Estimator's step counter
-            # would log a second, less informative line.
-            log_step_count_steps=None,
-            # A worker waits this long for the chief to initialise or restore the model
-            # (SessionManager.wait_for_session); Estimator's default is 7200 s.
-            session_creation_timeout_secs=config.cluster_timeout_secs,
-            experimental_max_worker_delay_secs=worker_delay)
-    except ValueError as e:  # TF_CONFIG that Estimator refuses
-        raise UserError(f"TF_CONFIG: {e}; {_CLUSTER_HELP}") from None
-    if rc.cluster_spec and rc.task_type in distributed.TRAINER_JOBS:
-        rc = rc.replace(session_config=session_config(
-            config, distributed.device_filters(rc.task_type, rc.task_id)))
-    return rc
-
-
-def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
-                   train_records: int, class_names: Sequence[str]) -> ModelSettings:
-    """Resolves the model_fn's settings from the config and the cluster.
-
-    An epoch is counted in global steps: with --sync one global step consumes a batch from
-    every worker; asynchronously every worker's own step is a global step of one batch.
-    """
-    per_global_step = global_batch(config, num_workers)
-    steps_per_epoch = max(1, train_records // per_global_step)
-    total_steps = config.train_steps
-    if total_steps is None:
-        total_steps = (math.ceil(config.train_epochs * steps_per_epoch)
-                       if config.train_epochs is not None else MODEL_TRAIN_STEPS[config.model])
-    return ModelSettings(
-        params=ModelParams(**{f.name: getattr(config, f.name)
-                              for f in dataclasses.fields(ModelParams)}),
-        data_format=config.resolved_data_format(),
-        steps_per_epoch=steps_per_epoch,
-        total_steps=total_steps,
-        devices=tuple(towers.tower_devices(config.num_gpus, config.num_cpu_towers)),
-        num_workers=num_workers,
-        is_chief=is_chief,
-        # None until --precision auto is resolved (_resolve_precision), before any graph.
-        compute_dtype=precision.DTYPES.get(config.precision),
-        class_names=tuple(class_names))
-
-
-def _gpu_capabilities(config: TrainConfig) -> list[tuple[int, int]]:
-    return precision.gpu_capabilities(config.num_gpus) if config.num_gpus else []
-
-
-def _resolve_precision(job: _Job, recorded: Optional[str]) -> None:
-    """Replaces ``--precision auto`` by what fits this machine (measured where it has native
-    bf16), or by the job's ``recorded`` choice; logs the CPU and the choice with its reason."""
-    config, machine = job.config, job.machine
-    describe_cpu = machine.cpu.describe()
-    work = (f"training {networks.describe(config)}, batch {config.train_batch_size} on "
-            f"{', '.join(job.settings.devices)}, {job.settings.data_format}, threads "
-            f"{config.num_intra_threads}/{config.num_inter_threads}{', XLA' if config.xla else ''}")
-    choice = precision.resolve_precision(
-        config.precision, machine.cpu, onednn=machine.onednn, gpu_capabilities=_gpu_capabilities(config),
-        measure=lambda: precision_cache.measured(
-            machine.cache, describe_cpu, work, lambda: precision_probe.measure_training(
-                job.settings, config.train_batch_size, session_config(config))),
-        cached=precision_cache.cached(machine.cache, describe_cpu, work),
-        recorded=recorded if config.precision == "auto" else None)
-    log.info("CPU: %s; oneDNN %s", describe_cpu, "on" if machine.onednn else "off")
-    log.info("precision %s: %s", config.precision, choice.reason)
-    if choice.warning:
-        log.warning("warning: %s", choice.warning)
-    job.config = dataclasses.replace(config, precision=choice.precision)
-    job.settings = dataclasses.replace(job.settings,
-                                       compute_dtype=precision.DTYPES[choice.precision])
-
-
-def _resolve_serving_precision(job: _Job) -> None:
-    """The precision this task's exports compute in (``--serving-precision``)."""
-    config, machine = job.config, job.machine
-    choice = precision_probe.serving_choice(config.serving_precision, config.precision,
-                                            job.settings, machine.cpu, machine.onednn,
-                                            machine.cache)
-    log.info("serving precision %s: %s", config.serving_precision, choice.reason)
-    if choice.warning:
-        log.warning("warning: %s", choice.warning)
-    job.serving_settings = dataclasses.replace(
-        job.settings, compute_dtype=precision.DTYPES[choice.precision])
-
-
-def _log_role(job: _Job) -> None:
-    rc, config = job.rc, job.config
-    if rc.task_type == "evaluator":
-        log.info("role: evaluator: evaluates new checkpoints in %s (at most every %d s while "
-                 "training runs) and the final one, at global step %d, at once",
-                 config.job_dir, config.eval_throttle_secs, config.train_steps)
-    elif job.cluster:
-        log.info("role: %s %d of the cluster %s; %d training task(s), %d ps, %s updates",
-                 rc.task_type, rc.task_id, distributed.describe(job.cluster),
-                 rc.num_worker_replicas, rc.num_ps_replicas,
-                 "synchronous" if config.sync else "asynchronous")
-    else:
-        log.info("role: local (no cluster in TF_CONFIG)")
-
-
-def _prepare(config: TrainConfig, preemption: Preemption, machine: _Machine) -> _Job:
-    """The RunConfig, the data (checked before anything trains) and the model's settings."""
-    rc = run_config(config)
-    cluster = rc.cluster_spec.as_dict() if rc.cluster_spec else {}
-    in_cluster = rc.task_type in distributed.TRAINER_JOBS and bool(cluster)
-    if in_cluster and rc.num_worker_replicas > 1 and not rc.num_ps_replicas:
-        raise UserError(f"TF_CONFIG: the cluster has {rc.num_worker_replicas} training tasks "
-                        f"but no 'ps' job; workers share variables through parameter servers")
-    train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training,
-                                networks.AUGMENTATIONS[config.model])
-    eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
-    # Before anything trains: a record file cut short can read as a shorter valid one.
-    for split in ("eval",) if rc.task_type == "evaluator" else ("train", "eval"):
-        metadata.verify_split(config.data_dir, split)
-    info = metadata.dataset_info(config.data_dir)
-    train_records = train_data.num_examples()
-    num_workers = rc.num_worker_replicas or 1
-    settings = model_settings(config, num_workers, rc.is_chief, train_records, info.class_names)
-    # From here on the run's length is in global steps, whichever flag gave it.
-    config = dataclasses.replace(config, train_steps=settings.total_steps)
-    job = _Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
-               preemption, machine)
-    _log_role(job)
-    log.info("%s, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
-             "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate peaking at "
-             "%.4g", networks.describe(config), settings.data_format,
-             ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
-             train_records, settings.steps_per_epoch, settings.total_steps,
-             settings.total_steps / settings.steps_per_epoch, config.lr_schedule,
-             schedules.peak_learning_rate(settings.params, global_batch(config, num_workers)))
-    return job
-
-
-def _ps_tasks(cluster: dict) -> dict:
-    return {f"ps:{i}": address for i, address in enumerate(cluster.get("ps", ()))}
-
-
-def _start(job: _Job, stack: contextlib.ExitStack) -> None:
+def _start(job: Job, stack: contextlib.ExitStack) -> None:
     """Bounded waits for the rest of the cluster; the chief's checks and lock of the job dir;
     the precision (every task of a job computes in the one the job recorded); every task's
     check of the job dir's settings record."""
@@ -274,16 +71,17 @@ def _start(job: _Job, stack: contextlib.ExitStack) -> None:
         # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
         # A trainer's sessions use only the parameter servers (and itself); a worker learns
         # that the chief is up from its checkpoint, below.
-        distributed.wait_for_tasks(_ps_tasks(job.cluster), config.cluster_timeout_secs)
+        distributed.wait_for_tasks(task.ps_tasks(job.cluster), config.cluster_timeout_secs)
     if not job.rc.is_chief:
         # A worker or evaluator starts once the chief's first checkpoint exists: this proves
         # the job dir is shared, and a worker arriving before the chief has initialised the
         # variables would sleep 30 s between checks (SessionManager's recovery_wait_secs).
         distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
-        _resolve_precision(job, _recorded_precision(config.job_dir))
+        task.resolve_precision(job, (settings_record.read(config.job_dir) or {}).get(
+            "precision"))
         if job.rc.task_type == "evaluator" and config.export_best:
-            _resolve_serving_precision(job)
-        settings_record.check(config.job_dir, _run_settings(job), is_chief=False)
+            task.resolve_serving_precision(job)
+        settings_record.check(config.job_dir, task.run_settings(job), is_chief=False)
         return
     guards.check_job_dir(config.job_dir, config, job.info.num_classes)
     if "://" in config.job_dir:
@@ -292,22 +90,18 @@ def _start(job: _Job, stack: contextlib.ExitStack) -> None:
     else:
         lock = stack.enter_context(JobLock(config.job_dir))
         job.preemption.before_exit(lambda _: lock.release())
-    _resolve_precision(job, None if config.change_settings else
-                       _recorded_precision(config.job_dir))
-    _resolve_serving_precision(job)
-    settings_record.check(config.job_dir, _run_settings(job), is_chief=True,
-                          change=config.change_settings)
+    recorded = settings_record.read(config.job_dir) or {}
+    task.resolve_precision(job, None if config.change_settings else recorded.get("precision"))
+    task.resolve_serving_precision(job)
+    current = task.run_settings(job)
+    settings_record.check(config.job_dir, current, is_chief=True, change=config.change_settings)
+    spans = recorded.get(settings_record.SCHEDULE_STEPS)
+    if spans and current.get(settings_record.SCHEDULE_STEPS, spans) != spans:
+        log.info("--change-settings: %s", task.schedule_change(
+            job, spans, checkpoints.latest_step(config.job_dir)))
     latest = tf.train.latest_checkpoint(config.job_dir)
     if latest:  # only the chief restores; others use the ps or evaluate
         log.info("resuming from %s", latest)
-
-
-def _recorded_precision(job_dir: str) -> Optional[str]:
-    return (settings_record.read(job_dir) or {}).get("precision")
-
-
-def _run_settings(job: _Job) -> dict:
-    return settings_record.run_settings(job.config, job.info.dataset, job.info.num_classes)
 
 
 class _AfterEvaluation(tf.estimator.Exporter):
@@ -326,7 +120,7 @@ class _AfterEvaluation(tf.estimator.Exporter):
         return self._consider(eval_result, checkpoint_path) if self._consider else None
 
 
-def _progress_hook(job: _Job) -> progress.ProgressHook:
+def _progress_hook(job: Job) -> progress.ProgressHook:
     config, s = job.config, job.settings
     per_global_step = None
     if s.num_workers > 1:
@@ -337,7 +131,7 @@ def _progress_hook(job: _Job) -> progress.ProgressHook:
         summary_steps=config.save_summary_steps)
 
 
-def _specs(job: _Job, best: Optional[BestExport]):
+def _specs(job: Job, best: Optional[BestExport]):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``."""
     config = job.config
     train_hooks = [_progress_hook(job), job.preemption.training_hook()]
@@ -348,7 +142,7 @@ def _specs(job: _Job, best: Optional[BestExport]):
                                         skip=lambda: job.preemption.signum is not None)))
     if job.in_cluster:
         train_hooks.append(distributed.ParameterServerWatchdog(
-            _ps_tasks(job.cluster), config.cluster_timeout_secs,
+            task.ps_tasks(job.cluster), config.cluster_timeout_secs,
             "start it again on the same address and rerun the tasks that stopped with the "
             "same flags: the chief resumes from the latest checkpoint in --job-dir"))
     train_spec = tf.estimator.TrainSpec(
@@ -362,7 +156,7 @@ def _specs(job: _Job, best: Optional[BestExport]):
     return train_spec, eval_spec
 
 
-def _evaluate_only(job: _Job, estimator, eval_spec, best: Optional[BestExport]) -> TrainResult:
+def _evaluate_only(job: Job, estimator, eval_spec, best: Optional[BestExport]) -> TrainResult:
     """The evaluator task: every new checkpoint until the final one."""
     def after(metrics, path):
         log.info(report.evaluation_line(metrics))
@@ -373,10 +167,10 @@ def _evaluate_only(job: _Job, estimator, eval_spec, best: Optional[BestExport]) 
         metrics = evaluator.evaluate_checkpoints(
             estimator, eval_spec.input_fn, job.config.train_steps,
             job.config.eval_throttle_secs, on_evaluation=after, hooks=eval_spec.hooks)
-    return TrainResult(metrics, None, _report(job, metrics), role="evaluator")
+    return TrainResult(metrics, None, _final_report(job, metrics), role="evaluator")
 
 
-def _train(job: _Job, estimator, train_spec, eval_spec) -> Optional[dict]:
+def _train(job: Job, estimator, train_spec, eval_spec) -> Optional[dict]:
     """Trains (and, locally, evaluates); returns the final evaluation's metrics, if any."""
     try:
         with guards.training_errors(job.config.data_dir, job.config.job_dir):
@@ -395,7 +189,7 @@ def _train(job: _Job, estimator, train_spec, eval_spec) -> Optional[dict]:
     return result[0] if result else None
 
 
-def _export_final(job: _Job, metrics: Optional[dict]) -> str:
+def _export_final(job: Job, metrics: Optional[dict]) -> str:
     checkpoint = tf.train.latest_checkpoint(job.config.job_dir)
     # The final evaluation is of the final checkpoint when it ran here (locally).
     evaluated = metrics if metrics and metrics.get("global_step") == (
@@ -417,9 +211,9 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
     try:
         role = tf.estimator.RunConfig()  # only the role: a ps needs none of the settings
     except ValueError as e:
-        raise UserError(f"TF_CONFIG: {e}; {_CLUSTER_HELP}") from None
+        raise UserError(f"TF_CONFIG: {e}; {task.CLUSTER_HELP}") from None
     preemption.before_exit(lambda stop: log.info(
-        _stopped_line(stop, role, config.job_dir, preemption.last_step)))
+        stopped_line(stop, role, config.job_dir, preemption.last_step)))
     onednn = cpu.onednn_enabled()
     validate(config, num_visible_gpus=len(tf.config.list_physical_devices("GPU")),
              needs_data=role.task_type != "ps", onednn_enabled=onednn)
@@ -429,25 +223,54 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
             log.info("role: ps %d of the cluster %s", role.task_id, distributed.describe(cluster))
             distributed.run_parameter_server(cluster, role.task_id, config.cluster_timeout_secs)
             return TrainResult(None, None, role="ps")
-        log.info(recipes.describe(config))
+        log.info(overlays.describe(config))
         precision.check_requested(config.precision, cpu_info, onednn=onednn,
-                                  gpu_capabilities=_gpu_capabilities(config))
-        machine = _Machine(cpu_info, onednn,
-                           precision_cache.PrecisionCache(cache_dir, tf.__version__))
-        return _run(_prepare(config, preemption, machine))
+                                  gpu_capabilities=task.gpu_capabilities(config))
+        machine = task.Machine(cpu_info, onednn,
+                               precision_cache.PrecisionCache(cache_dir, tf.__version__))
+        return _run(task.prepare(config, preemption, machine))
     except Stopped as stop:
-        log.info(_stopped_line(stop, role, config.job_dir, preemption.last_step))
+        log.info(stopped_line(stop, role, config.job_dir, preemption.last_step))
         raise
 
 
-def _run(job: _Job) -> TrainResult:
+def _run(job: Job) -> TrainResult:
     with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the very end
         _start(job, stack)
         return _train_evaluate_export(job)
 
 
-def _train_evaluate_export(job: _Job) -> TrainResult:
+def _finished(job: Job) -> Optional[TrainResult]:
+    """The result of a job that already trained to its last step, reported its final
+    evaluation and exported it (a local run's, or a chief's that evaluated), else None."""
     config = job.config
+    step = checkpoints.latest_step(config.job_dir)
+    if step < config.train_steps:
+        return None
+    path = os.path.join(config.job_dir, report.REPORT_FILE)
+    try:
+        with open(path) as f:
+            final = json.load(f)
+        export = client.newest_export(config.resolved_export_dir)
+        with open(os.path.join(export, EVAL_METRICS_FILE)) as f:
+            exported_step = json.load(f)["global_step"]
+        if final["global_step"] != step or exported_step != step:
+            return None
+        metrics = {"accuracy": float(final["accuracy"]), "global_step": step}
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return None  # finished without its report or export: made again below
+    log.info("already trained to step %d in %s, final accuracy %.2f%%: nothing to train or "
+             "export (raise --train-steps to train longer); its export is %s and its report %s",
+             step, config.job_dir, 100 * metrics["accuracy"], export, path)
+    return TrainResult(metrics, export, path, 0, "local" if not job.cluster else "chief")
+
+
+def _train_evaluate_export(job: Job) -> TrainResult:
+    config = job.config
+    if job.rc.is_chief:
+        finished = _finished(job)
+        if finished:
+            return finished
     start_step = checkpoints.latest_step(config.job_dir)
     estimator = tf.estimator.Estimator(make_model_fn(job.settings), config=job.rc)
     best = (BestExport(job.serving_settings, config.resolved_export_dir) if config.export_best
@@ -464,31 +287,11 @@ def _train_evaluate_export(job: _Job) -> TrainResult:
     role = job.rc.task_type if job.cluster else "local"
     if not job.rc.is_chief:
         return TrainResult(metrics, None, steps_trained=trained, role=role)
-    return TrainResult(metrics, _export_final(job, metrics), _report(job, metrics), trained, role)
+    return TrainResult(metrics, _export_final(job, metrics), _final_report(job, metrics),
+                       trained, role)
 
 
-def _stopped_line(stop: Stopped, role: tf.estimator.RunConfig, job_dir: Optional[str],
-                  last_step: Optional[int]) -> str:
-    """What a task that received a signal says before it exits."""
-    head = f"received {stop.name}"
-    if role.task_type == "ps":
-        return (f"{head}: parameter server stopped (the chief's checkpoints hold the "
-                f"variables); start it again with the same command")
-    if role.task_type == "evaluator":
-        return f"{head}: evaluator stopped; rerun the same command to evaluate on"
-    at = f" at step {last_step}" if last_step is not None else " before training started"
-    if not role.is_chief:
-        return (f"{head}{at}: worker stopped (the chief saves the checkpoints); rerun the same "
-                f"command to rejoin")
-    latest = tf.train.latest_checkpoint(job_dir) if job_dir else None
-    if latest and last_step is not None and checkpoints.checkpoint_step(latest) >= last_step:
-        kept = f"saved {latest}"
-    else:
-        kept = f"the latest checkpoint is {latest}" if latest else "no checkpoint yet"
-    return f"{head}{at}: {kept}; rerun the same command to resume"
-
-
-def _report(job: _Job, metrics: Optional[dict]) -> Optional[str]:
+def _final_report(job: Job, metrics: Optional[dict]) -> Optional[str]:
     """Logs the final evaluation's per-class results and writes JOB/eval_report.json."""
     if not metrics or "confusion_matrix" not in metrics:
         return None

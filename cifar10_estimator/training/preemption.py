@@ -31,6 +31,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from cifar10_estimator.errors import Stopped
+from cifar10_estimator.model.checkpoints import checkpoint_step
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -131,3 +132,24 @@ class _EvaluationHook(tf.estimator.SessionRunHook):
 
     def end(self, session):
         self._p._evaluating = False
+
+
+def stopped_line(stop: Stopped, role: tf.estimator.RunConfig, job_dir: Optional[str],
+                 last_step: Optional[int]) -> str:
+    """What a task that received a signal says before it exits."""
+    head = f"received {stop.name}"
+    if role.task_type == "ps":
+        return (f"{head}: parameter server stopped (the chief's checkpoints hold the "
+                f"variables); start it again with the same command")
+    if role.task_type == "evaluator":
+        return f"{head}: evaluator stopped; rerun the same command to evaluate on"
+    at = f" at step {last_step}" if last_step is not None else " before training started"
+    if not role.is_chief:
+        return (f"{head}{at}: worker stopped (the chief saves the checkpoints); rerun the same "
+                f"command to rejoin")
+    latest = tf.train.latest_checkpoint(job_dir) if job_dir else None
+    if latest and last_step is not None and checkpoint_step(latest) >= last_step:
+        kept = f"saved {latest}"
+    else:
+        kept = f"the latest checkpoint is {latest}" if latest else "no checkpoint yet"
+    return f"{head}{at}: {kept}; rerun the same command to resume"

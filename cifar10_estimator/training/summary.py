@@ -9,7 +9,8 @@ import shlex
 import sys
 from typing import Optional
 
-from cifar10_estimator.training.config import TrainConfig
+from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
 from cifar10_estimator.training.driver import TrainResult
 from cifar10_estimator.training.progress import format_duration
 
@@ -27,7 +28,7 @@ def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> lis
         lines.append(f"  evaluate:   {python} -m cifar10_estimator.evaluate {export} "
                      f"--data-dir {shlex.quote(config.data_dir)}")
         lines.append(f"  serve:      tensorflow_model_server --rest_api_port=8501 "
-                     f"--model_name=cifar10 --model_base_path="
+                     f"--model_name={SERVING_MODEL_NAME} --model_base_path="
                      f"{shlex.quote(os.path.abspath(os.path.dirname(result.export_path)))}")
     if result.report_path:
         lines.append(f"  report:     {result.report_path}")

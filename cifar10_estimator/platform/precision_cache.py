@@ -21,7 +21,7 @@ import time
 from typing import Callable, Mapping, Optional
 
 from cifar10_estimator import fsutil
-from cifar10_estimator.training.precision import Measured, ProbeFailed
+from cifar10_estimator.platform.precision import Measured, ProbeFailed
 
 log = logging.getLogger("cifar10_estimator")
 

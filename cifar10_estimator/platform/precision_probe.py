@@ -27,10 +27,10 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.model import networks
 from cifar10_estimator.model.model_fn import make_model_fn
 from cifar10_estimator.serving.signatures import RandomWeights, ServingModule
-from cifar10_estimator.training import precision, precision_cache
-from cifar10_estimator.training.cpu import CpuInfo
-from cifar10_estimator.training.precision import DTYPES, Choice, Measured
-from cifar10_estimator.training.precision_cache import PrecisionCache
+from cifar10_estimator.platform import precision, precision_cache
+from cifar10_estimator.platform.cpu import CpuInfo
+from cifar10_estimator.platform.precision import DTYPES, Choice, Measured
+from cifar10_estimator.platform.precision_cache import PrecisionCache
 
 # Rounds (one timed call of each precision) a probe takes at least: a median of three is the
 # fewest that drops one outlier (a call slowed by a neighbour).
@@ -89,7 +89,7 @@ def measure_training(settings, batch_size: int, session_config: tf.compat.v1.Con
     params = dataclasses.replace(settings.params, sync=False)
     sessions, calls = [], {}
     try:
-        for precision, dtype in DTYPES.items():
+        for name, dtype in DTYPES.items():
             graph = tf.Graph()
             with graph.as_default():
                 tf.compat.v1.set_random_seed(0)
@@ -101,7 +101,7 @@ def measure_training(settings, batch_size: int, session_config: tf.compat.v1.Con
             session = tf.compat.v1.Session(graph=graph, config=session_config)
             sessions.append(session)
             session.run(init)
-            calls[precision] = lambda s=session, op=spec.train_op: s.run(op)
+            calls[name] = lambda s=session, op=spec.train_op: s.run(op)
         per_sec, rounds = time_alternately(calls, batch_size, budget_secs, max_rounds)
     finally:
         for session in sessions:
@@ -119,10 +119,10 @@ def measure_serving(settings, batch_size: int, budget_secs: float = 1.0,
     started = time.perf_counter()
     images = tf.constant(_random_batch(batch_size, 1)[0])
     calls = {}
-    for precision, dtype in DTYPES.items():
+    for name, dtype in DTYPES.items():
         network = ServingModule(dataclasses.replace(settings, compute_dtype=dtype),
                                 RandomWeights()).network
-        calls[precision] = lambda f=network: f(images)["probabilities"].numpy()
+        calls[name] = lambda f=network: f(images)["probabilities"].numpy()
     per_sec, rounds = time_alternately(calls, batch_size, budget_secs, max_rounds)
     return _measured(per_sec, rounds, started)
 

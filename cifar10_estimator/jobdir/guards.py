@@ -24,7 +24,7 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import networks
 from cifar10_estimator.model.checkpoints import checkpoint_model, model_flags
 from cifar10_estimator.model.model_fn import NAN_LOSS_MESSAGE
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.config.settings import ModelParams
 
 # Writes that found no room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE).
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

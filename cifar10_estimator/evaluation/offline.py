@@ -27,11 +27,12 @@ from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_model, checkpoint_step
 from cifar10_estimator.model.model_fn import ModelSettings
-from cifar10_estimator.model.params import ModelParams
+from cifar10_estimator.config.overlays import TUTORIAL_CNN_AVERAGE_DECAY
+from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.serving import client
 from cifar10_estimator.serving.export import COMPUTE_DTYPE_FILE, EVAL_METRICS_FILE
 from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
-from cifar10_estimator.training import settings_record
+from cifar10_estimator.jobdir import settings_record
 
 @dataclasses.dataclass
 class Evaluated:
@@ -42,6 +43,18 @@ class Evaluated:
     class_names: tuple[str, ...]
     global_step: Optional[int]
     job_dir: Optional[str] = None  # set for a checkpoint
+    export: Optional[str] = None  # set for an export: its numbered folder
+
+
+def default_report_path(model: Evaluated, split: str) -> str:
+    """Where ``evaluate`` writes its report unless told: in the job dir for a checkpoint
+    (``eval_report_<split>_step<N>.json``), beside the numbered folder for an export
+    (``eval_report_<split>_<version>.json`` in the export folder, which TensorFlow Serving
+    ignores); never in the current folder."""
+    if model.job_dir:
+        return os.path.join(model.job_dir, f"eval_report_{split}_step{model.global_step}.json")
+    base, version = os.path.split(os.path.abspath(model.export))
+    return os.path.join(base, f"eval_report_{split}_{version}.json")
 
 
 def load(path: str, checkpoint: Optional[str] = None,
@@ -94,7 +107,7 @@ def _load_export(folder: str) -> Evaluated:
         pass  # an export without its evaluation's scalars
     return Evaluated(f"SavedModel {folder}{_computes_in(_export_dtype(folder))}",
                      lambda images: signature(images=images)["probabilities"],
-                     client.class_names(folder, num_classes), step)
+                     client.class_names(folder, num_classes), step, export=folder)
 
 
 def _export_dtype(folder: str) -> str:
@@ -140,7 +153,8 @@ def _recorded_params(job_dir: str, checkpoint: str,
     averaged = any(name.endswith("/" + AVERAGE_SUFFIX)
                    for name, _ in tf.train.list_variables(checkpoint))
     # Any positive decay: only whether the run averaged its weights matters here.
-    return dataclasses.replace(found[0], moving_average_decay=0.9999 if averaged else 0.0), "fp32"
+    decay = TUTORIAL_CNN_AVERAGE_DECAY if averaged else 0.0
+    return dataclasses.replace(found[0], moving_average_decay=decay), "fp32"
 
 
 def _load_checkpoint(job_dir: str, checkpoint: str, class_names: Optional[tuple[str, ...]],
@@ -149,7 +163,7 @@ def _load_checkpoint(job_dir: str, checkpoint: str, class_names: Optional[tuple[
     params, trained = _recorded_params(job_dir, checkpoint, found)
     num_classes = found[1] if found else schema.NUM_CLASSES
     if class_names is None or len(class_names) != num_classes:
-        class_names = tuple(f"class {i}" for i in range(num_classes))
+        class_names = schema.placeholder_class_names(num_classes)
     settings = ModelSettings(params=params, class_names=class_names)
     if compute_dtype:
         settings = dataclasses.replace(settings, compute_dtype=compute_dtype(settings, trained))

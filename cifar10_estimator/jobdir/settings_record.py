@@ -6,7 +6,8 @@ and its schedule, the batch size, the precision, augmentation and the data set. 
 worker or an evaluator whose settings differ would silently train or evaluate something else
 on the same checkpoints, so it is refused with one line that names every differing flag with
 its recorded and its new value. ``--train-steps`` is not part of the record: raising it is how
-a finished run trains longer. A deliberate change is made with ``--change-settings`` on the
+a finished run trains longer, except under a schedule that spans the whole run (cosine,
+one-cycle), whose length is recorded: a longer run would change its learning rate mid-run. A deliberate change is made with ``--change-settings`` on the
 chief, which records the new values (and logs what changed).
 
 The file is JSON with one flag per line, for people as much as for the package.
@@ -19,28 +20,31 @@ from typing import Any, Mapping, Optional
 
 from cifar10_estimator import __version__, fsutil
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.training.config import TrainConfig, flag
+from cifar10_estimator.config.fields import flag, shown
+from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
 
 log = logging.getLogger("cifar10_estimator")
 
 RECORD_FILE = "settings.json"
-# The TrainConfig fields that define a run (what the checkpoints mean). Not here: where things
-# are (folders), how the work is spread (devices, towers, threads, cluster waits), how often
-# things happen (checkpoints, evaluations, logs) and --train-steps.
-RUN_FIELDS = ("model", "num_layers", "resnet_version", "train_batch_size", "learning_rate",
-              "lr_reference_batch", "lr_schedule", "warmup_epochs", "lr_boundary_epochs",
-              "lr_decay_factors", "momentum", "weight_decay", "label_smoothing",
-              "moving_average_decay", "batch_norm_decay", "batch_norm_epsilon", "sync",
-              "precision", "use_distortion_for_training")
 # Facts of the data set, from its metadata (they are not flags: --data-dir decides them).
 DATA_FIELDS = ("dataset", "num_classes")
+# The global steps a schedule whose shape depends on the run's length spans (cosine and
+# one-cycle): a resumed run with another length would change its learning rate mid-run.
+SCHEDULE_STEPS = "schedule_steps"
+_LABELS = {"dataset": "the data set's dataset", "num_classes": "the data set's num_classes",
+           SCHEDULE_STEPS: "the steps the learning-rate schedule spans (from --train-steps or "
+                           "--train-epochs)"}
 
 
-def run_settings(config: TrainConfig, dataset: str, num_classes: int) -> dict[str, Any]:
-    """The values that define the run, as JSON values (``precision`` already resolved)."""
+def run_settings(config: TrainConfig, dataset: str, num_classes: int,
+                 schedule_steps: Optional[int] = None) -> dict[str, Any]:
+    """The values that define the run, as JSON values (``precision`` already resolved);
+    ``schedule_steps`` for a schedule whose shape depends on the run's length."""
     values: dict[str, Any] = {name: getattr(config, name) for name in RUN_FIELDS}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
     values.update(dataset=dataset, num_classes=num_classes)
+    if schedule_steps is not None:
+        values[SCHEDULE_STEPS] = schedule_steps
     return values
 
 
@@ -76,15 +80,9 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
     changed = []
     for name, old in sorted(recorded.items()):
         if name in current and current[name] != old:
-            label = flag(name) if name in RUN_FIELDS else f"the data set's {name}"
-            changed.append(f"{label} {_shown(old)} (now {_shown(current[name])})")
+            label = flag(name) if name in RUN_FIELDS else _LABELS.get(name, name)
+            changed.append(f"{label} {shown(old)} (now {shown(current[name])})")
     return changed
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check(job_dir: str, current: Mapping[str, Any], *, is_chief: bool,

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Callable, Optional, Sequence
 
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.training.cpu import NATIVE_BF16_FLAGS, ONEDNN_ENV, CpuInfo
+from cifar10_estimator.platform.cpu import NATIVE_BF16_FLAGS, ONEDNN_ENV, CpuInfo
 
 # bf16 on NVIDIA GPUs needs tensor cores that take it: compute capability 8.0 (Ampere) or newer.
 GPU_BF16_MIN_CAPABILITY = (8, 0)

@@ -1,0 +1,97 @@
+"""Checks of the settings before anything runs: one line naming the flag, nothing written.
+
+Ranges come from the fields' metadata (``fields.Check``); the rest are combinations of
+settings, or of settings and the machine (GPUs, oneDNN), that no single field can check.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+from cifar10_estimator.config.fields import flag, shown
+from cifar10_estimator.config.settings import TUTORIAL_CNN, TrainConfig
+from cifar10_estimator.errors import UserError
+
+
+def check_given(config: TrainConfig, given: Mapping[str, Any]) -> None:
+    """Refuses a flag given for a model it does not apply to (``models`` in its metadata):
+    ``--num-layers`` means nothing to the tutorial CNN."""
+    for field in dataclasses.fields(TrainConfig):
+        models = field.metadata.get("models")
+        if field.name in given and models and config.model not in models:
+            raise UserError(f"{flag(field.name)} applies to --model {' or '.join(models)}, "
+                            f"not to --model {config.model}; leave it out")
+
+
+def _check_ranges(config: TrainConfig) -> None:
+    for field in dataclasses.fields(TrainConfig):
+        check = field.metadata.get("check")
+        problem = check and check.problem(field.name, getattr(config, field.name))
+        if problem:
+            raise UserError(problem)
+
+
+def _check_schedule(config: TrainConfig) -> None:
+    if len(config.lr_decay_factors) != len(config.lr_boundary_epochs) + 1:
+        raise UserError("--lr-decay-factors needs exactly one more value than "
+                        "--lr-boundary-epochs")
+    if list(config.lr_boundary_epochs) != sorted(set(config.lr_boundary_epochs)) or any(
+            e <= 0 for e in config.lr_boundary_epochs):
+        raise UserError("--lr-boundary-epochs must be positive and strictly increasing")
+    if config.save_checkpoints_steps is not None and config.save_checkpoints_secs is not None:
+        raise UserError("--save-checkpoints-steps and --save-checkpoints-secs exclude each "
+                        "other; give one")
+    if config.train_steps is not None and config.train_epochs is not None:
+        raise UserError("--train-steps and --train-epochs exclude each other; give one")
+    if (config.lr_schedule != "piecewise" and config.train_epochs is not None
+            and config.warmup_epochs >= config.train_epochs):
+        raise UserError(f"--warmup-epochs {shown(config.warmup_epochs)} leaves nothing of the "
+                        f"{shown(config.train_epochs)} --train-epochs for the {config.lr_schedule} "
+                        f"schedule; use fewer warm-up epochs")
+
+
+def _check_devices(config: TrainConfig, num_visible_gpus: int, onednn_enabled: bool) -> None:
+    if config.num_gpus > 0 and num_visible_gpus < config.num_gpus:
+        raise UserError(f"--num-gpus {config.num_gpus} requested but TensorFlow sees "
+                        f"{num_visible_gpus} GPU(s); use --num-gpus {num_visible_gpus}")
+    if config.num_gpus > 0 and config.num_cpu_towers != 1:
+        raise UserError("--num-cpu-towers applies only with --num-gpus 0")
+    if config.variable_strategy == "GPU" and config.num_gpus == 0:
+        raise UserError("--variable-strategy GPU needs GPUs; with --num-gpus 0 use "
+                        "--variable-strategy CPU")
+    if config.model == TUTORIAL_CNN and config.resolved_data_format() == "channels_first":
+        raise UserError("--data-format channels_first: the tutorial CNN computes in "
+                        "channels_last only (TensorFlow's local response normalisation has no "
+                        "other layout); leave --data-format unset")
+    if (config.num_gpus == 0 and config.resolved_data_format() == "channels_first"
+            and not onednn_enabled):
+        # TF 2.15's Eigen CPU kernels have no NCHW pooling ("Default AvgPoolingOp only
+        # supports NHWC on device type CPU"); its oneDNN kernels do.
+        raise UserError("--data-format channels_first on a CPU needs TensorFlow's oneDNN "
+                        "kernels, which are off in this process; set TF_ENABLE_ONEDNN_OPTS=1 "
+                        "(or unset it) or use --data-format channels_last")
+    for name in ("train_batch_size", "eval_batch_size"):
+        if getattr(config, name) % config.num_towers:
+            raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "
+                            f"{config.num_towers} towers; use a multiple of {config.num_towers}")
+
+
+def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True,
+             onednn_enabled: bool = True) -> None:
+    """Raises UserError naming the flag for every invalid setting or combination.
+
+    Args:
+      config: the settings.
+      num_visible_gpus: GPUs TensorFlow can see on this machine.
+      needs_data: False on a parameter-server task, which needs neither data nor model flags.
+      onednn_enabled: whether TensorFlow's oneDNN kernels are on in this process
+        (``cpu.onednn_enabled``); without them a CPU cannot pool in channels_first.
+    """
+    if not needs_data:
+        return  # a parameter server only serves variables: no flag matters to it
+    if not config.job_dir:
+        raise UserError("--job-dir is required: the folder for checkpoints and the export")
+    if not config.data_dir:
+        raise UserError("--data-dir is required: the folder with the .tfrecords files")
+    _check_ranges(config)
+    _check_schedule(config)
+    _check_devices(config, num_visible_gpus, onednn_enabled)

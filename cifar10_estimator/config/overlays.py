@@ -1,0 +1,106 @@
+"""Named overlays on the settings' defaults: each ``--model``'s, and each ``--recipe``'s.
+
+An overlay is a named set of values that take the place of the fields' defaults, as TF Model
+Garden's experiment configurations override its base ones. The order, from weakest to
+strongest: the fields' defaults (``settings``), the model's overlay, the recipe's overlay, and
+the flags given on the command line (``flags.parse``). The trainer logs every setting a recipe
+may set, marking those given (``describe``).
+
+A run length is one fact: a model's overlay gives ``train_steps``, and ``--train-epochs``
+(given or a recipe's) replaces it.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+from cifar10_estimator.config.fields import flag, shown
+from cifar10_estimator.config.settings import (RECIPE_FIELDS, RESNET, TUTORIAL_BATCH,
+                                               TUTORIAL_CNN, TrainConfig)
+
+# The tutorial CNN's weights are averaged at this decay for evaluation (cifar10.py's
+# MOVING_AVERAGE_DECAY).
+TUTORIAL_CNN_AVERAGE_DECAY = 0.9999
+
+# Each model's defaults, where they are not the fields' own.
+MODELS: dict[str, Mapping[str, Any]] = {
+    # The ResNet tutorial's length: 80,000 steps of batch 128 on 45,000 images (the paper
+    # stopped at 64,000).
+    RESNET: {"train_steps": 80_000},
+    # TensorFlow's original CIFAR-10 tutorial (cifar10.py and cifar10_train.py): learning rate
+    # 0.1, decayed by 0.1 every 350 epochs (staircase; no run of this package reaches a second
+    # drop), plain SGD, weight decay 0.004 (on its hidden layers' weights only,
+    # model.tutorial_cnn), evaluation with averaged weights, and its accuracy (about 86 %)
+    # quoted after 100,000 steps.
+    TUTORIAL_CNN: {
+        "learning_rate": 0.1,
+        "lr_boundary_epochs": (350.0,),
+        "lr_decay_factors": (1.0, 0.1),
+        "momentum": 0.0,
+        "weight_decay": 0.004,
+        "moving_average_decay": TUTORIAL_CNN_AVERAGE_DECAY,
+        "train_steps": 100_000,
+    },
+}
+
+# Recipes: the settings that reach an accuracy, as measured with benchmarks/convergence.py
+# (docs/performance.md, "Time to accuracy").
+RECIPES: dict[str, Mapping[str, Any]] = {
+    # The tutorial's: the fields' defaults (He et al. 2015, section 4.2, by way of the
+    # TensorFlow CIFAR-10 estimator tutorial).
+    "paper": {},
+    "fast": {
+        # Smith and Topin 2017 (arXiv:1708.07120): one cycle of the rate reaches a given
+        # accuracy in fewer epochs than a piecewise schedule.
+        "lr_schedule": "one-cycle",
+        # Twice the tutorial's 0.1 at its batch of 128, scaled with the batch (Goyal et al.
+        # 2017): 0.4 at batch 256. On Fashion-MNIST (8 epochs) it ended 0.4 points above
+        # half that peak (docs/performance.md, "Time to accuracy").
+        "learning_rate": 0.2,
+        "lr_reference_batch": TUTORIAL_BATCH,
+        # Fewer, larger steps: about 1,300 images/s in bf16 on the Xeon of
+        # docs/performance.md, against about 1,200 at batch 128.
+        "train_batch_size": 2 * TUTORIAL_BATCH,
+        # Szegedy et al. 2016 (arXiv:1512.00567, section 7): 0.1, as they used.
+        "label_smoothing": 0.1,
+        "precision": "auto",
+    },
+}
+RUN_LENGTH = ("train_steps", "train_epochs")
+
+
+def defaults(model: str, recipe: str) -> dict[str, Any]:
+    """Every setting's default for this model and recipe (the fields', then the overlays')."""
+    values = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    values.update(MODELS[model])
+    values.update(RECIPES[recipe])
+    if RECIPES[recipe].get("train_epochs") is not None:
+        values["train_steps"] = None  # the recipe's length replaces the model's
+    return values
+
+
+def build(**given: Any) -> TrainConfig:
+    """The settings for the values ``given`` (as on a command line): the rest from the model's
+    and the recipe's overlays, then the fields' defaults."""
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    values = defaults(given.get("model", fields["model"]), given.get("recipe", fields["recipe"]))
+    if given.get("train_epochs") is not None and "train_steps" not in given:
+        values["train_steps"] = None  # a length given in epochs replaces the model's steps
+    values.update(given)
+    return TrainConfig(**values)
+
+
+def recipe_help() -> str:
+    """What each recipe sets, for the docs and ``--help``."""
+    return "; ".join(f"{name}: " + (", ".join(f"{flag(k)} {shown(v)}" for k, v in values.items())
+                                    or "the defaults")
+                     for name, values in RECIPES.items())
+
+
+def describe(config: TrainConfig) -> str:
+    """``recipe NAME: --flag value, ...``: every setting a recipe may set, marking the values
+    that differ from the recipe's (given on the command line)."""
+    expected = defaults(config.model, config.recipe)
+    parts = [f"{flag(name)} {shown(getattr(config, name))}"
+             f"{' (given)' if getattr(config, name) != expected[name] else ''}"
+             for name in RECIPE_FIELDS]
+    return f"recipe {config.recipe}: {', '.join(parts)}"

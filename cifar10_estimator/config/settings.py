@@ -1,0 +1,275 @@
+"""Every setting of the package, once: ``ModelParams`` (what the model_fn reads) and
+``TrainConfig`` (those plus the job's own), with the facts derived from them.
+
+Each field is declared with ``fields.setting``: its default, help, help group, whether it is
+part of the run record, its range, the models it applies to and whether recipes set it. The
+defaults are the ResNet tutorial's (``--num-layers 44``, batch 128, momentum 0.9, weight decay
+2e-4, learning rate 0.1, batch norm 0.997 / 1e-5); each ``--model`` and ``--recipe`` changes
+some of them (``overlays``).
+
+No TensorFlow here: command lines import this before it loads.
+"""
+
+import dataclasses
+import os
+from typing import Optional
+
+from cifar10_estimator.config.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Check,
+                                             names_where, setting)
+
+RESNET = "resnet"
+TUTORIAL_CNN = "tutorial-cnn"
+MODELS = (RESNET, TUTORIAL_CNN)
+PRECISIONS = ("auto", "fp32", "bf16")
+# Both tutorials' batch: 128 images per step.
+TUTORIAL_BATCH = 128
+# Estimator's RunConfig saves a checkpoint every 600 s unless told otherwise, and its EvalSpec
+# evaluates at most every 600 s (tf.estimator.RunConfig, tf.estimator.EvalSpec).
+ESTIMATOR_SECS = 600
+# One-cycle's shape (Smith and Topin 2017, arXiv:1708.07120), as PyTorch's OneCycleLR sets it by
+# default: it rises from peak / div_factor (25) over pct_start (30 %) of the run, then falls to
+# peak / (div_factor x final_div_factor (1e4)).
+ONE_CYCLE_START_DIVISOR = 25.0
+ONE_CYCLE_END_DIVISOR = ONE_CYCLE_START_DIVISOR * 1e4
+ONE_CYCLE_RISE = 0.3
+# He et al. 2015 (arXiv:1512.03385), section 4.2: a CIFAR ResNet has 6n+2 layers, a stem,
+# three stages of n two-layer blocks and the dense layer; n >= 1.
+RESNET_DEPTH = Check(lambda v: v >= 8 and (v - 2) % 6 == 0,
+                     "6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...)")
+
+
+def depth_problem(num_layers: int) -> Optional[str]:
+    """Why ``num_layers`` is not a CIFAR ResNet depth, or None."""
+    return RESNET_DEPTH.problem("num_layers", num_layers)
+
+
+def blocks_per_stage(num_layers: int) -> int:
+    """n for a ResNet of depth 6n+2; ValueError for other depths."""
+    problem = depth_problem(num_layers)
+    if problem:
+        raise ValueError(f"ResNet depth: {problem}")
+    return (num_layers - 2) // 6
+
+
+def depth(blocks: int) -> int:
+    """The depth of a ResNet with ``blocks`` blocks per stage."""
+    return 6 * blocks + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParams:
+    """The hyperparameters the model_fn reads (one worker's view)."""
+
+    model: str = setting(
+        RESNET, "the network: resnet (He et al. 2015, the ResNet tutorial's) or tutorial-cnn "
+                "(the original CIFAR-10 tutorial's CNN, with its input recipe, schedule, weight "
+                "decay and averaged weights as its defaults)",
+        group="model", record=True, choices=MODELS)
+    num_layers: int = setting(44, "ResNet depth, 6n+2 (20, 32, 44, 56, 110, ...)",
+                              group="model", record=True, check=RESNET_DEPTH, models=(RESNET,))
+    resnet_version: int = setting(
+        1, "1: post-activation blocks (He et al. 2015); 2: pre-activation (He et al. 2016)",
+        group="model", record=True, choices=(1, 2), models=(RESNET,))
+    train_batch_size: int = setting(
+        TUTORIAL_BATCH, "images per step per worker, split evenly over its towers",
+        group="schedule", record=True, check=AT_LEAST_1, recipe=True)
+    momentum: float = setting(0.9, "momentum of the SGD optimizer (0: plain SGD)",
+                              group="schedule", record=True, check=FRACTION)
+    weight_decay: float = setting(
+        2e-4, "L2 coefficient of the weights (the ResNet's: every trainable variable; the "
+              "tutorial CNN's: its hidden layers' weights)",
+        group="model", record=True, check=AT_LEAST_0)
+    learning_rate: float = setting(
+        0.1, "peak learning rate: the base of the piecewise schedule (multiplied by "
+             "--lr-decay-factors at --lr-boundary-epochs), the start of cosine decay, the top "
+             "of the one-cycle",
+        group="schedule", record=True, check=POSITIVE, recipe=True)
+    lr_reference_batch: int = setting(
+        0, "scale the peak learning rate linearly with the batch (Goyal et al. 2017): the peak "
+           "is --learning-rate x B / N for a global batch of B images (--train-batch-size, "
+           "times the workers with --sync); 0: no scaling, --learning-rate is the peak",
+        group="schedule", record=True, check=AT_LEAST_0, recipe=True)
+    lr_schedule: str = setting(
+        "piecewise", f"piecewise: the paper's drops at --lr-boundary-epochs; cosine: from the "
+                     f"peak down to 0 at the end of the run (Loshchilov and Hutter 2017); "
+                     f"one-cycle: up from peak/{ONE_CYCLE_START_DIVISOR:g} to the peak, then "
+                     f"down to peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017)",
+        group="schedule", record=True, choices=("piecewise", "cosine", "one-cycle"),
+        recipe=True)
+    warmup_epochs: float = setting(
+        0.0, f"epochs of linear warm-up from 0 to the peak rate before the schedule (Goyal et "
+             f"al. 2017); for one-cycle, the length of its rising part (0: "
+             f"{ONE_CYCLE_RISE * 100:.0f}%% of the run)",
+        group="schedule", record=True, check=AT_LEAST_0, recipe=True)
+    lr_boundary_epochs: tuple[float, ...] = setting(
+        (82, 123, 300), "epochs at which the learning rate drops (comma-separated, fractions "
+                        "allowed); the schedule of tensorpack's cifar10-resnet that the "
+                        "tutorial used",
+        group="schedule", record=True)
+    lr_decay_factors: tuple[float, ...] = setting(
+        (1.0, 0.1, 0.01, 0.002), "learning-rate multipliers, one more than the boundaries",
+        group="schedule", record=True)
+    batch_norm_decay: float = setting(
+        0.997, "batch-norm moving-average decay; the first steps use a smaller one that grows "
+               "to it, so that short runs evaluate right (docs/training.md)",
+        group="model", record=True, check=FRACTION, models=(RESNET,))
+    batch_norm_epsilon: float = setting(1e-5, "batch-norm epsilon", group="model", record=True,
+                                        check=POSITIVE, models=(RESNET,))
+    label_smoothing: float = setting(
+        0.0, "label smoothing of the training loss, in [0, 1): the target puts 1 - e on the "
+             "true class and e spread over all classes (Szegedy et al. 2016); 0 is off",
+        group="model", record=True, check=FRACTION, recipe=True)
+    moving_average_decay: float = setting(
+        0.0, "keep an exponential moving average of the trainable weights with this decay (0: "
+             "off); evaluation, --export-best and the export use the averaged weights; the "
+             "first steps use a smaller decay that grows to it (as ExponentialMovingAverage's "
+             "num_updates does)",
+        group="model", record=True, check=FRACTION, recipe=True)
+    variable_strategy: str = setting(
+        "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
+               "GPUs by byte size", group="devices", choices=("CPU", "GPU"))
+    sync: bool = setting(
+        False, "in a cluster, aggregate one gradient per worker per step "
+               "(SyncReplicasOptimizer); without it, workers update asynchronously",
+        group="cluster", record=True)
+
+
+def global_batch(params: ModelParams, num_workers: int) -> int:
+    """Images per global step: a batch from every worker with ``sync``, one batch without."""
+    return params.train_batch_size * (num_workers if params.sync else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(ModelParams):
+    """Settings of one training job (one task of a cluster)."""
+
+    data_dir: Optional[str] = setting(
+        None, "folder with train.tfrecords and eval.tfrecords (required except on a ps task)",
+        group="data")
+    use_distortion_for_training: bool = setting(
+        True, "augment training images (the model's recipe: pad, crop and flip for the ResNet; "
+              "crop, flip and colour for the tutorial CNN) (true/false)",
+        group="data", record=True)
+    eval_batch_size: int = setting(100, "images per evaluation step, split over the towers",
+                                   group="data", check=AT_LEAST_1)
+    seed: Optional[int] = setting(
+        None, "random seed for initialisation, shuffling and augmentation", group="data")
+    precise_bn_batches: int = setting(
+        50, "before each checkpoint is saved, recompute the batch-norm statistics with its "
+            "weights over this many training batches (0: off; off with --moving-average-decay, "
+            "whose averaged weights the statistics would not fit)",
+        group="model", check=AT_LEAST_0, models=(RESNET,), recipe=True)
+    recipe: str = setting(
+        "paper", "a set of defaults for the schedule, batch, regularisation and precision (see "
+                 "docs/training.md); a flag given explicitly wins over the recipe's value",
+        group="schedule", choices=("paper", "fast"))
+    train_steps: Optional[int] = setting(
+        None, "global step at which training stops (default: the model's length, see "
+              "docs/training.md, unless --train-epochs is given)",
+        group="schedule", check=AT_LEAST_0)
+    train_epochs: Optional[float] = setting(
+        None, "train this many epochs of the training file instead of --train-steps (an "
+              "epoch counted as the schedule counts it: train records // batch, times the "
+              "workers with --sync); fractions allowed",
+        group="schedule", check=POSITIVE)
+    num_gpus: int = setting(0, "GPUs per worker, one tower each; 0 trains on the CPU",
+                            group="devices", check=AT_LEAST_0)
+    num_cpu_towers: int = setting(
+        1, "with --num-gpus 0: towers on this many logical CPU devices (to exercise the "
+           "multi-tower path without GPUs)", group="devices", check=AT_LEAST_1)
+    data_format: Optional[str] = setting(
+        None, "channels_first (NCHW) or channels_last (NHWC) (default: channels_last on CPU, "
+              "channels_first with GPUs)",
+        group="devices", choices=("channels_first", "channels_last"))
+    precision: str = setting(
+        "fp32", "fp32; bf16: convolutions in bfloat16 (CPUs with native bf16, AVX512_BF16 or "
+                "AMX, or GPUs of compute capability 8.0+), variables, batch-norm statistics "
+                "and the loss stay float32; auto: bf16 where it trains this network clearly "
+                "faster than fp32, measured on this CPU in a few seconds (and cached), else "
+                "fp32; a job keeps the precision it first chose (docs/cpus.md)",
+        group="devices", record=True, choices=PRECISIONS, recipe=True)
+    serving_precision: str = setting(
+        "auto", "what the export computes in: auto gives fp32, unless the run trains in bf16 "
+                "and the export's network measured faster in bf16 on this CPU; an export served "
+                "on a machine without native bf16 (avx512_bf16, amx_bf16) wants fp32",
+        group="devices", choices=PRECISIONS)
+    xla: bool = setting(False, "compile the training step with XLA (global JIT)",
+                        group="devices")
+    num_intra_threads: int = setting(
+        0, "threads inside one op (0: TensorFlow's choice, one per core)",
+        group="devices", check=AT_LEAST_0)
+    num_inter_threads: int = setting(0, "ops run in parallel (0: TensorFlow's choice)",
+                                     group="devices", check=AT_LEAST_0)
+    cluster_timeout_secs: int = setting(
+        600, "in a cluster, how long a task waits for the others (for the parameter servers "
+             "to answer, for the chief's first checkpoint, for the chief to initialise the "
+             "model) before it fails with an error; TensorFlow's own wait is 2 hours",
+        group="cluster", check=AT_LEAST_1)
+    max_worker_delay_secs: Optional[int] = setting(
+        None, "in a cluster, cap on the staggered start of worker i, min(cap, 5*(i+1)) s "
+              "(Estimator's, to let async training settle before all workers push updates) "
+              "(default: 60 asynchronous, 0 with --sync)",
+        group="cluster", check=AT_LEAST_0)
+    job_dir: Optional[str] = setting(
+        None, "folder for checkpoints, summaries and the export; shared by all tasks of a "
+              "cluster; rerunning with the same folder resumes (required)", group="output")
+    save_checkpoints_steps: Optional[int] = setting(
+        None, "save a checkpoint every N steps (instead of --save-checkpoints-secs)",
+        group="output", check=AT_LEAST_1)
+    save_checkpoints_secs: Optional[int] = setting(
+        None, f"save a checkpoint every N seconds (default: {ESTIMATOR_SECS}, Estimator's, "
+              f"unless --save-checkpoints-steps is given)",
+        group="output", check=AT_LEAST_1)
+    keep_checkpoint_max: int = setting(5, "how many recent checkpoints to keep",
+                                       group="output", check=AT_LEAST_1)
+    eval_throttle_secs: int = setting(
+        ESTIMATOR_SECS, "evaluate a new checkpoint at most this often during training",
+        group="output", check=AT_LEAST_0)
+    export_dir: Optional[str] = setting(
+        None, "where the SavedModel goes, in a numbered subfolder (default: JOB_DIR/export)",
+        group="output")
+    export_best: bool = setting(
+        False, "also export every evaluation that beats the best accuracy so far into "
+               "EXPORT_DIR/best/<version>, keeping only the best (true/false); evaluations run "
+               "in a local job or on a cluster's evaluator task", group="output")
+    change_settings: bool = setting(
+        False, "accept settings that differ from the ones JOB_DIR/settings.json recorded at the "
+               "job's first start, and record them (chief or local run); without it such a "
+               "rerun is refused", group="output")
+    progress_secs: float = setting(
+        15.0, "seconds of wall time between two progress lines (step/total, images/s, ETA)",
+        group="logging", check=POSITIVE)
+    save_summary_steps: int = setting(
+        100, "write the training scalars (loss, learning rate, accuracy, images/s) for "
+             "TensorBoard every N global steps", group="logging", check=AT_LEAST_1)
+    log_device_placement: bool = setting(False, "log the device of every op", group="logging")
+
+    @property
+    def checkpoint_secs(self) -> Optional[int]:
+        """Seconds between checkpoints; Estimator's unless steps were chosen."""
+        if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
+            return ESTIMATOR_SECS
+        return self.save_checkpoints_secs
+
+    def resolved_data_format(self) -> str:
+        if self.data_format:
+            return self.data_format
+        if self.model == TUTORIAL_CNN:
+            return "channels_last"  # its local response normalisation has no other layout
+        return "channels_first" if self.num_gpus > 0 else "channels_last"
+
+    @property
+    def num_towers(self) -> int:
+        return self.num_gpus if self.num_gpus > 0 else max(1, self.num_cpu_towers)
+
+    @property
+    def resolved_export_dir(self) -> str:
+        return self.export_dir or os.path.join(self.job_dir or "", EXPORT_SUBDIR)
+
+
+# JOB_DIR/export: where the SavedModel versions go by default.
+EXPORT_SUBDIR = "export"
+# The settings that define a run (what its checkpoints mean), recorded in JOB/settings.json.
+RUN_FIELDS = names_where(TrainConfig, "record")
+# The settings a recipe may set, shown in the trainer's recipe line.
+RECIPE_FIELDS = names_where(TrainConfig, "recipe")

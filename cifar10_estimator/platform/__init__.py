@@ -1,0 +1,2 @@
+"""The machine: what the CPU offers (ISA flags, oneDNN) and the compute precision that fits it,
+measured by probes and cached."""

@@ -1,0 +1,85 @@
+"""The one home of the settings: every field carries its metadata, and the flags, help groups,
+run record, recipe line and range checks all follow from it."""
+
+import dataclasses
+
+import pytest
+
+from cifar10_estimator.config import checks, fields, flags, overlays, settings
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.jobdir import settings_record
+
+
+@pytest.mark.parametrize("cls", [settings.ModelParams, settings.TrainConfig])
+def test_every_setting_declares_its_help_group_and_whether_it_defines_the_run(cls):
+    assert fields.missing_metadata(cls) == []
+    groups = dict(fields.GROUPS)
+    for field in dataclasses.fields(cls):
+        assert field.metadata["group"] in groups
+        assert field.metadata["help"] and "(default:" not in field.metadata["help"] or (
+            field.default is None), f"{field.name} restates its default in its help"
+
+
+def test_a_field_without_metadata_is_found():
+    @dataclasses.dataclass(frozen=True)
+    class Extended(settings.TrainConfig):
+        new_knob: int = 3
+
+    assert fields.missing_metadata(Extended) == ["new_knob"]
+
+
+def test_every_setting_is_one_flag_listed_in_its_help_group():
+    parser = flags.build_parser()
+    groups = {group.title: group for group in parser._action_groups}
+    for field in dataclasses.fields(settings.TrainConfig):
+        group = groups[field.metadata["group"]]
+        assert fields.flag(field.name) in {o for a in group._group_actions
+                                           for o in a.option_strings}, field.name
+
+
+def test_the_run_record_holds_exactly_the_fields_that_define_the_run():
+    recorded = settings_record.run_settings(settings.TrainConfig(), "cifar10", 10)
+    assert set(recorded) == {f.name for f in dataclasses.fields(settings.TrainConfig)
+                             if f.metadata["record"]} | set(settings_record.DATA_FIELDS)
+    assert {"learning_rate", "precision", "num_layers"} <= set(settings.RUN_FIELDS)
+    assert not {"job_dir", "train_steps", "num_gpus"} & set(settings.RUN_FIELDS)
+
+
+def test_every_value_a_recipe_or_model_sets_is_a_setting_and_the_recipe_line_shows_it():
+    names = {f.name for f in dataclasses.fields(settings.TrainConfig)}
+    for overlay in [*overlays.MODELS.values(), *overlays.RECIPES.values()]:
+        assert set(overlay) <= names
+    for recipe in overlays.RECIPES.values():
+        assert set(recipe) <= set(settings.RECIPE_FIELDS)
+    line = overlays.describe(overlays.build(recipe="fast", train_batch_size=8))
+    assert "--lr-schedule one-cycle," in line and "--train-batch-size 8 (given)" in line
+
+
+@pytest.mark.parametrize("flag,value,wording", [
+    ("--train-batch-size", "0", "1 or more"),
+    ("--weight-decay", "-1", "0 or more"),
+    ("--learning-rate", "0", "positive"),
+    ("--momentum", "1", "in [0, 1)"),
+    ("--num-layers", "21", "6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...)"),
+])
+def test_a_value_out_of_its_range_is_one_line_naming_the_flag(flag, value, wording):
+    config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", flag, value])
+    with pytest.raises(UserError) as raised:
+        checks.validate(config, num_visible_gpus=0)
+    assert str(raised.value) == f"{flag} must be {wording}, got {value}"
+
+
+def test_a_flag_for_another_model_is_refused():
+    with pytest.raises(UserError, match=r"^--num-layers applies to --model resnet, not to "
+                                        r"--model tutorial-cnn; leave it out$"):
+        flags.parse(["--model", "tutorial-cnn", "--num-layers", "20"])
+    flags.parse(["--model", "tutorial-cnn", "--learning-rate", "0.05"])  # applies to both
+
+
+def test_overlays_stack_field_model_recipe_and_given_values():
+    tutorial = overlays.build(model="tutorial-cnn")
+    assert (tutorial.momentum, tutorial.train_steps) == (0.0, 100_000)
+    fast = overlays.build(recipe="fast", train_epochs=5.0)
+    assert fast.lr_schedule == "one-cycle" and fast.train_steps is None  # epochs replace steps
+    assert overlays.build(recipe="fast", learning_rate=0.3).learning_rate == 0.3
+    assert overlays.build().train_steps == overlays.MODELS[settings.RESNET]["train_steps"]

@@ -1,0 +1,79 @@
+"""Rerunning a job: a finished one reports its result and writes nothing new; a schedule that
+spans the whole run refuses a new run length unless told, and then says what the learning
+rate does."""
+
+import json
+import os
+import re
+
+import pytest
+
+from cifar10_estimator import train
+from trainer_fixtures import TINY_FLAGS
+
+
+def _flags(data_dir, job_dir, *extra) -> list[str]:
+    return ["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
+            "--eval-throttle-secs", "1", "--precise-bn-batches", "0", *extra]
+
+
+def test_a_finished_job_reports_its_result_and_trains_and_exports_nothing(
+        tiny_records, tmp_path, capsys):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    first = train.run(_flags(data_dir, job_dir, "--train-steps", "3"))
+    capsys.readouterr()
+    report = job_dir / "eval_report.json"
+    stamp = report.stat().st_mtime_ns
+    again = train.run(_flags(data_dir, job_dir, "--train-steps", "3"))
+    err = capsys.readouterr().err
+    assert os.listdir(job_dir / "export") == [os.path.basename(first.export_path)]
+    assert report.stat().st_mtime_ns == stamp  # not written again
+    assert again.export_path == first.export_path and again.report_path == str(report)
+    assert again.eval_metrics["accuracy"] == pytest.approx(first.eval_metrics["accuracy"])
+    assert again.steps_trained == 0
+    accuracy = json.loads(report.read_text())["accuracy"]
+    assert (f"already trained to step 3 in {job_dir}, final accuracy {100 * accuracy:.2f}%: "
+            f"nothing to train or export") in err
+    assert "Saving checkpoints" not in err and "exported SavedModel" not in err
+    # The run summary names the finished result.
+    assert re.search(rf"run summary: .*final accuracy {100 * accuracy:.2f}% at step 3", err)
+    # Raising --train-steps trains on and exports the new final step.
+    longer = train.run(_flags(data_dir, job_dir, "--train-steps", "5"))
+    assert longer.steps_trained == 2 and longer.export_path != first.export_path
+
+
+@pytest.mark.parametrize("schedule", ["one-cycle", "cosine"])
+def test_a_new_run_length_under_a_whole_run_schedule_is_refused_unless_told(
+        tiny_records, tmp_path, capsys, schedule):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    flags = _flags(data_dir, job_dir, "--lr-schedule", schedule)
+    train.run([*flags, "--train-steps", "4"])
+    capsys.readouterr()
+    assert train.main([*flags, "--train-steps", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"cifar10_estimator: error: --job-dir {job_dir} was trained with other settings "
+        f"(settings.json): the steps the learning-rate schedule spans (from --train-steps or "
+        f"--train-epochs) 4 (now 8); rerun with the recorded values, use a new --job-dir, or "
+        f"add --change-settings to change them on purpose")
+    assert train.main([*flags, "--train-steps", "8", "--change-settings"]) == 0
+    err = capsys.readouterr().err
+    said = re.search(rf"--change-settings: the {schedule} schedule now spans 8 steps instead of "
+                     rf"4: at step 4 the learning rate goes from (\S+) to (\S+), and it reaches "
+                     rf"its end at step 8", err)
+    assert said, err[-3000:]
+    before, after = map(float, said.groups())
+    assert after > before  # the old schedule had ended; the new one is half-way
+
+
+def test_a_new_run_length_under_the_piecewise_schedule_just_trains_longer(
+        tiny_records, tmp_path, capsys):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    train.run(_flags(data_dir, job_dir, "--train-steps", "2"))
+    result = train.run(_flags(data_dir, job_dir, "--train-steps", "4"))
+    assert result.steps_trained == 2
+    with open(job_dir / "settings.json") as f:
+        assert "schedule_steps" not in json.load(f)["settings"]
