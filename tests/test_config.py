@@ -83,3 +83,23 @@ def test_overlays_stack_field_model_recipe_and_given_values():
     assert fast.lr_schedule == "one-cycle" and fast.train_steps is None  # epochs replace steps
     assert overlays.build(recipe="fast", learning_rate=0.3).learning_rate == 0.3
     assert overlays.build().train_steps == overlays.MODELS[settings.RESNET]["train_steps"]
+
+
+def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer(
+        tiny_records, tmp_path):
+    # The setting added as docs/architecture.md shows: one field, one use.
+    import tensorflow as tf
+
+    from cifar10_estimator.model import model_fn
+
+    config, _ = flags.parse(["--nesterov"])
+    assert config.nesterov and "nesterov" in settings.RUN_FIELDS
+    with tf.Graph().as_default():
+        spec = model_fn.make_model_fn(model_fn.ModelSettings(
+            settings.ModelParams(num_layers=8, nesterov=True)))(
+            {"image": tf.zeros([2, 32, 32, 3])}, tf.zeros([2], tf.int32),
+            tf.estimator.ModeKeys.TRAIN)
+        applies = [op for op in tf.compat.v1.get_default_graph().get_operations()
+                   if op.type == "ResourceApplyMomentum"]
+        assert spec.train_op is not None and applies
+        assert all(op.get_attr("use_nesterov") for op in applies)

@@ -75,6 +75,9 @@ class ModelParams:
         group="schedule", record=True, check=AT_LEAST_1, recipe=True)
     momentum: float = setting(0.9, "momentum of the SGD optimizer (0: plain SGD)",
                               group="schedule", record=True, check=FRACTION)
+    nesterov: bool = setting(
+        False, "Nesterov momentum (Sutskever et al. 2013) instead of the classic one",
+        group="schedule", record=True)
     weight_decay: float = setting(
         2e-4, "L2 coefficient of the weights (the ResNet's: every trainable variable; the "
               "tutorial CNN's: its hidden layers' weights)",

@@ -162,7 +162,8 @@ def _averaged_weights_scaffold(s: ModelSettings) -> Optional[tf.compat.v1.train.
 def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings):
     """One optimizer update from the towers' averaged gradients (then the weights' moving
     average, if on); and the hooks it needs."""
-    optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.params.momentum)
+    optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.params.momentum,
+                                                     use_nesterov=s.params.nesterov)
     hooks = []
     average = moving_average(s, global_step)
     weights = tf.compat.v1.trainable_variables()
