@@ -1,24 +1,31 @@
-"""What distribution costs and gains on this host: 1 vs 2 training tasks, images/s and steps/s.
+"""What each way of distributing costs and gains on this host: images/s, and accuracy after the
+same number of images on real pictures; and a model of the gradient traffic at 8-256 workers.
 
 Runs the trainer as users would, through the local launcher (``cifar10_estimator.cluster``):
 
-- ``local``: ``python -m cifar10_estimator`` without TF_CONFIG (no gRPC, no ps): the baseline;
-- ``1 worker``: chief + 1 ps;
-- ``2 workers async`` and ``2 workers sync``: chief + 1 worker + 1 ps.
+- ``local``: ``python -m cifar10_estimator`` without TF_CONFIG (no gRPC): the baseline;
+- ``1``: chief + 1 ps; ``2a``, ``2s``: chief + 1 worker + 1 ps, asynchronous and ``--sync``;
+- ``r1``, ``r2``: collective all-reduce (``--distribution-strategy multi-worker-mirrored``),
+  chief alone and chief + 1 worker, no ps.
 
 Every line a task logs is time-stamped on arrival. Each trainer's progress lines carry the
 global step, so the global step rate is measured over the window in which every training task
 is already past its first logged interval (start-up, graph building and the staggered start
 are excluded) until the first of them logs its last interval. Aggregate images/s = global
-steps/s x images per global step (one batch asynchronously, one batch per worker in sync
-mode). Configurations alternate (A B C D A B C D ...) so a noisy, shared machine affects them
-alike; the table shows medians.
+steps/s x images per global step (one batch asynchronously, one batch per worker in sync and
+all-reduce jobs). Every configuration trains the same number of images (``--images``), so its
+global steps differ; the accuracy is ``evaluate``'s on the final checkpoint, over every test
+picture. Configurations alternate (A B C ... A B C ...) so a noisy, shared machine affects them
+alike; the table shows medians (and the spread of the accuracy over the seeds).
 
-    .venv/bin/python benchmarks/distributed_bench.py                     # ResNet-20, batch 64
-    .venv/bin/python benchmarks/distributed_bench.py --repeats 5 --steps 200 --configs local,1,2a
+    .venv/bin/python benchmarks/distributed_bench.py --fashion-mnist --images 120000
+    .venv/bin/python benchmarks/distributed_bench.py --configs local,2s,r2 --repeats 3
 
 On one host the tasks share the same cores, so more workers cannot add compute; this shows the
-overhead of the parameter server and the gRPC hops, not the scaling of a real cluster.
+overhead of the parameter server, the all-reduce and the gRPC hops, not the scaling of a real
+cluster: the traffic model at the end says where each design stops scaling.
+
+--fashion-mnist needs Debian's dataset-fashion-mnist (``apt-get install dataset-fashion-mnist``).
 """
 
 import argparse
@@ -36,15 +43,24 @@ from sample_records import make_sample_records
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from cifar10_estimator.training import launcher  # noqa: E402
+from cifar10_estimator.distributed import launcher  # noqa: E402
+
+import precise_bn_bench as fashion_mnist  # noqa: E402
+from machine import print_machine_line  # noqa: E402
 
 RATE_LINE = re.compile(r"step (\d+)/\d+ \(")  # a progress line
-CONFIGS = {  # key: (label, training tasks, sync)
-    "local": ("local (no cluster)", 0, False),
-    "1": ("1 worker + 1 ps", 1, False),
-    "2a": ("2 workers async + 1 ps", 2, False),
-    "2s": ("2 workers sync + 1 ps", 2, True),
+ACCURACY = re.compile(r"accuracy = ([0-9.]+)")
+ALL_REDUCE = ["--distribution-strategy", "multi-worker-mirrored"]
+CONFIGS = {  # key: (label, training tasks, trainer flags, parameter servers)
+    "local": ("local (no cluster)", 0, [], 0),
+    "1": ("1 worker + 1 ps", 1, [], 1),
+    "2a": ("2 workers async + 1 ps", 2, [], 1),
+    "2s": ("2 workers sync + 1 ps", 2, ["--sync"], 1),
+    "r1": ("1 worker all-reduce", 1, ALL_REDUCE, 0),
+    "r2": ("2 workers all-reduce", 2, ALL_REDUCE, 0),
 }
+# He et al. 2015's CIFAR ResNets: trainable parameters per depth (model/resnet.py's docstring).
+PARAMETERS = {20: 269_722, 32: 464_154, 44: 658_586, 56: 853_018, 110: 1_727_962}
 
 
 class Recorder:
@@ -69,13 +85,13 @@ class Recorder:
         pass
 
 
-def trainer_flags(args, data_dir: str, job_dir: str, sync: bool) -> list[str]:
-    flags = ["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", str(args.num_layers),
-             "--train-batch-size", str(args.batch), "--eval-batch-size", "100",
-             "--train-steps", str(args.steps), "--save-checkpoints-steps", "100000",
-             "--max-worker-delay-secs", "0", "--eval-throttle-secs", "100000",
-             "--progress-secs", "0.5"]
-    return flags + (["--sync"] if sync else [])
+def trainer_flags(args, data_dir: str, job_dir: str, steps: int, extra: list[str]) -> list[str]:
+    return ["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", str(args.num_layers),
+            "--train-batch-size", str(args.batch), "--eval-batch-size", "100",
+            "--train-steps", str(steps), "--save-checkpoints-steps", "100000",
+            "--max-worker-delay-secs", "0", "--eval-throttle-secs", "100000",
+            "--progress-secs", "0.5", "--seed", str(args.seed), "--precise-bn-batches", "0",
+            *extra]
 
 
 def run_local(flags: list[str], recorder: Recorder) -> None:
@@ -113,33 +129,78 @@ def measure(recorder: Recorder, trainers: list[str]) -> tuple[float, int]:
     return (g1 - g0) / (t1 - t0), g1 - g0
 
 
-def run_once(args, key: str, data_dir: str, work: str) -> tuple[float, float, int]:
-    _, trainers, sync = CONFIGS[key]
+def images_per_step(args, key: str) -> int:
+    _, trainers, extra, _ = CONFIGS[key]
+    together = "--sync" in extra or extra == ALL_REDUCE
+    return args.batch * (max(trainers, 1) if together else 1)
+
+
+def evaluate(job_dir: str, data_dir: str) -> float:
+    """``evaluate``'s accuracy of the job's final checkpoint on every test picture."""
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.evaluate", job_dir,
+                           "--data-dir", data_dir, "--report",
+                           os.path.join(job_dir, "bench_report.json")],
+                          capture_output=True, text=True, cwd=job_dir)
+    if proc.returncode:
+        raise RuntimeError(f"evaluate failed:\n{proc.stderr[-2000:]}")
+    return float(ACCURACY.search(proc.stdout).group(1))
+
+
+def run_once(args, key: str, data_dir: str, work: str) -> tuple[float, float, int, float]:
+    _, trainers, extra, num_ps = CONFIGS[key]
     job_dir = tempfile.mkdtemp(prefix=f"job-{key}-", dir=work)
     recorder = Recorder(args.verbose)
-    flags = trainer_flags(args, data_dir, job_dir, sync)
+    steps = max(1, args.images // images_per_step(args, key))
+    flags = trainer_flags(args, data_dir, job_dir, steps, extra)
     if trainers == 0:
         run_local(flags, recorder)
         names = ["chief"]
     else:
-        tasks = launcher.plan(num_workers=trainers, num_ps=1, evaluator=False)
-        if launcher.Cluster(tasks, flags, out=recorder).run(timeout_secs=1800) != 0:
+        tasks = launcher.plan(num_workers=trainers, num_ps=num_ps, evaluator=False)
+        if launcher.Cluster(tasks, flags, out=recorder).run(timeout_secs=7200) != 0:
             raise RuntimeError("the cluster failed:\n" + "\n".join(
                 line for _, line in recorder.lines[-40:]))
         names = ["chief"] + [f"worker{i}" for i in range(trainers - 1)]
-    steps_per_sec, steps = measure(recorder, names)
-    per_step = args.batch * (trainers if sync else 1)
-    return steps_per_sec * per_step, steps_per_sec, steps
+    steps_per_sec, measured = measure(recorder, names)
+    return (steps_per_sec * images_per_step(args, key), steps_per_sec, measured,
+            evaluate(job_dir, data_dir))
+
+
+def traffic_table(num_layers: int) -> list[str]:
+    """Bytes each design moves per global step, from the parameter count (float32 gradients
+    and variables), and the steps/s a 10 Gb/s link allows (bandwidth only, no latency)."""
+    size = 4 * PARAMETERS[num_layers]  # bytes of one copy of the gradients or the variables
+    link = 10e9 / 8  # bytes/s of a 10 Gb/s NIC
+    lines = [f"traffic model, ResNet-{num_layers} ({PARAMETERS[num_layers]:,} parameters, "
+             f"{size / 1e6:.2f} MB a copy), per global step; max steps/s on 10 Gb/s links:",
+             f"{'workers':>8} {'ps: per worker':>15} {'ps: the 1 ps':>13} {'steps/s':>8} "
+             f"{'ring all-reduce: per worker':>28} {'hops':>5} {'steps/s':>8}"]
+    for n in (8, 16, 32, 64, 128, 256):
+        worker = 2 * size  # gradients up, variables down
+        ps_total = n * worker  # every worker's traffic meets at the ps
+        ring = 2 * (n - 1) / n * size  # reduce-scatter + all-gather, sent (and as much received)
+        lines.append(f"{n:>8} {worker / 1e6:>12.2f} MB {ps_total / 1e6:>10.1f} MB "
+                     f"{link / ps_total:>8.1f} {ring / 1e6:>25.2f} MB {2 * (n - 1):>5} "
+                     f"{link / ring:>8.1f}")
+    lines.append("(the ps's link carries every worker's traffic: its steps/s fall as 1/workers, "
+                 "shared by M parameter servers as 1/M; a ring's per-worker bytes stay ~2 copies, "
+                 "but its 2(N-1) hops add latency per step, which bounds small models first)")
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", help="TFRecords to train on (default: fresh sample data)")
-    parser.add_argument("--num-layers", type=int, default=20)
+    parser.add_argument("--fashion-mnist", action="store_true",
+                        help="train on Fashion-MNIST's 60,000 pictures, evaluate on its 10,000")
+    parser.add_argument("--num-layers", type=int, default=20, choices=sorted(PARAMETERS))
     parser.add_argument("--batch", type=int, default=64, help="images per step per worker")
-    parser.add_argument("--steps", type=int, default=150, help="global steps per run")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--configs", default="local,1,2a,2s",
+    parser.add_argument("--images", type=int, default=19_200,
+                        help="training images per run, the same for every configuration")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per configuration, each "
+                                                               "with its own seed")
+    parser.add_argument("--seed", type=int, default=1, help="the first run's seed")
+    parser.add_argument("--configs", default="local,1,2a,2s,r1,r2",
                         help=f"comma-separated subset of {','.join(CONFIGS)}")
     parser.add_argument("--verbose", action="store_true", help="echo the tasks' logs")
     args = parser.parse_args()
@@ -148,28 +209,43 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown --configs {sorted(unknown)}; choose from {sorted(CONFIGS)}")
 
-    print(f"host: {os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.2f} at start;"
-          f" ResNet-{args.num_layers}, batch {args.batch} per worker, {args.steps} global "
-          f"steps per run, {args.repeats} runs per configuration", flush=True)
-    results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in keys}
+    print_machine_line()
+    print(f"ResNet-{args.num_layers}, batch {args.batch} per worker, {args.images:,} training "
+          f"images per run, {args.repeats} run(s) per configuration", flush=True)
+    results: dict[str, list[tuple[float, float, int, float]]] = {k: [] for k in keys}
+    first_seed = args.seed
     with tempfile.TemporaryDirectory() as work:
-        data_dir = args.data_dir or make_sample_records(work)
+        if args.fashion_mnist:
+            fashion_mnist.check_source()
+            data_dir = os.path.join(work, "fashion-mnist")
+            fashion_mnist.make_records(data_dir, None, None)
+        else:
+            data_dir = args.data_dir or make_sample_records(work)
         for repeat in range(args.repeats):
+            args.seed = first_seed + repeat
             for key in keys:
-                images, steps_per_sec, measured = run_once(args, key, data_dir, work)
-                results[key].append((images, steps_per_sec, measured))
-                print(f"  run {repeat + 1}: {CONFIGS[key][0]:<24} {images:7.1f} images/s "
-                      f"{steps_per_sec:6.2f} global steps/s (over {measured} steps)", flush=True)
+                images, steps_per_sec, measured, accuracy = run_once(args, key, data_dir, work)
+                results[key].append((images, steps_per_sec, measured, accuracy))
+                print(f"  run {repeat + 1} (seed {args.seed}): {CONFIGS[key][0]:<24} "
+                      f"{images:7.1f} images/s {steps_per_sec:6.2f} global steps/s (over "
+                      f"{measured} steps), accuracy {accuracy:.2%}", flush=True)
 
-    print(f"\n{'configuration':<26}{'images/s':>10}{'steps/s':>10}{'vs local':>10}")
+    print(f"\n{'configuration':<26}{'images/s':>10}{'steps/s':>10}{'vs local':>10}"
+          f"{'accuracy':>10}{'spread':>9}")
     baseline = (statistics.median(r[0] for r in results["local"]) if "local" in results
                 else None)
     for key in keys:
         images = statistics.median(r[0] for r in results[key])
         steps = statistics.median(r[1] for r in results[key])
+        accuracies = [r[3] for r in results[key]]
         ratio = f"{images / baseline:9.2f}x" if baseline else ""
-        print(f"{CONFIGS[key][0]:<26}{images:10.1f}{steps:10.2f}{ratio:>10}")
+        print(f"{CONFIGS[key][0]:<26}{images:10.1f}{steps:10.2f}{ratio:>10}"
+              f"{statistics.median(accuracies):>10.2%}"
+              f"{max(accuracies) - min(accuracies):>8.2%}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other programs share the cores)")
+    print()
+    for line in traffic_table(args.num_layers):
+        print(line)
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Optional, Sequence, TextIO
 from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
+from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
 from cifar10_estimator.distributed.launcher import Cluster, plan
 
 MODULE = "cifar10_estimator.cluster"
@@ -28,14 +29,17 @@ def build_parser() -> cli.Parser:
               "TRAINER_FLAGS...",
         examples=(f"{prog} --num-workers 2 -- --data-dir cifar10-data --job-dir cluster-job "
                   f"--num-layers 20",
-                  f"{prog} --num-workers 3 --evaluator -- @job.flags --sync"),
+                  f"{prog} --num-workers 3 --evaluator -- @job.flags --sync",
+                  f"{prog} --num-workers 2 --evaluator -- @job.flags "
+                  f"--distribution-strategy multi-worker-mirrored"),
         description="Start a TensorFlow training cluster on this host's loopback interface: "
                     "every task runs `python -m cifar10_estimator TRAINER_FLAGS` with its own "
                     "TF_CONFIG. Exits 0 when training finished, 1 when a task failed.")
     parser.add_argument("--num-workers", type=int, default=2,
                         help="training tasks in all: the chief plus N-1 workers")
-    parser.add_argument("--num-ps", type=int, default=1,
-                        help="parameter-server tasks")
+    parser.add_argument("--num-ps", type=int, default=None,
+                        help="parameter-server tasks (default: 1 with the trainer's "
+                             "--distribution-strategy towers, none with multi-worker-mirrored)")
     parser.add_argument("--evaluator", action="store_true",
                         help="add an evaluator task that evaluates each new checkpoint")
     parser.add_argument("--host", default="127.0.0.1",
@@ -65,12 +69,26 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         raise UserError("give the trainer's flags after --, e.g. -- --data-dir DATA "
                         "--job-dir JOB")
     # Catch a mistyped trainer flag once, here, rather than in every task.
-    parsed = flags.build_parser().parse_args(trainer_args)
+    trainer_parser = flags.build_parser()
+    trainer_parser.error_name = f"{cli.error_prefix(MODULE)} (trainer flags)"
+    parsed = trainer_parser.parse_args(trainer_args)
     if not parsed.job_dir:
         raise UserError("the trainer needs --job-dir (shared by every task)")
     if not parsed.data_dir:
         raise UserError("the trainer needs --data-dir")
-    tasks = plan(args.num_workers, args.num_ps, args.evaluator, args.host)
+    all_reduce = parsed.distribution_strategy == MULTI_WORKER_MIRRORED
+    if parsed.distribution_strategy == MIRRORED:
+        raise UserError("the trainer's --distribution-strategy mirrored runs on one machine "
+                        "without a cluster: run the trainer itself, or use "
+                        "multi-worker-mirrored here")
+    num_ps = args.num_ps if args.num_ps is not None else (0 if all_reduce else 1)
+    if all_reduce and num_ps:
+        raise UserError(f"--num-ps {num_ps}: a multi-worker-mirrored cluster all-reduces among "
+                        f"the chief and workers, without parameter servers; leave --num-ps out")
+    if not all_reduce and num_ps < 1:
+        raise UserError(f"--num-ps must be 1 or more (workers share variables through "
+                        f"parameter servers), got {num_ps}")
+    tasks = plan(args.num_workers, num_ps, args.evaluator, args.host)
     cluster = Cluster(tasks, trainer_args, out=out)
     # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -20,11 +20,15 @@ class UserError(Exception):
 
 
 class Stopped(Exception):
-    """The process received SIGTERM or SIGINT and stopped; it exits with 128 + the signal."""
+    """The process received SIGTERM or SIGINT and stopped; it exits with 128 + the signal.
 
-    def __init__(self, signum: int):
+    ``why`` says so when the signal came to another task of the job, which stopped with it.
+    """
+
+    def __init__(self, signum: int, why: str = ""):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.why = why
 
     @property
     def name(self) -> str:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 from typing import Iterator
 
 
@@ -72,10 +73,17 @@ class _QuietFilter(logging.Filter):
         return record.levelno >= logging.WARNING or record.msg in TF_INFO_SHOWN
 
 
+# A Python warning tf.distribute's input pipeline gives every run of a strategy in graph mode
+# (tensorflow/python/data/ops/dataset_ops.py, Dataset.options): nothing a user can act on.
+_DATASET_OPTIONS_WARNING = "To make it possible to preserve tf.data options"
+
+
 def setup_logging(verbose: bool) -> None:
     """Timestamped lines on stderr: ours and TensorFlow's progress lines, without its noise."""
     if not verbose:
         import_tensorflow_quietly()
+        warnings.filterwarnings("ignore", message=_DATASET_OPTIONS_WARNING,
+                                category=UserWarning)
     import tensorflow as tf
 
     handler = logging.StreamHandler(sys.stderr)

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Any, Mapping
 
 from cifar10_estimator.config.fields import flag, shown
-from cifar10_estimator.config.settings import TUTORIAL_CNN, TrainConfig
+from cifar10_estimator.config.settings import (MULTI_WORKER_MIRRORED, TOWERS, TUTORIAL_CNN,
+                                               TrainConfig)
 from cifar10_estimator.errors import UserError
 
 
@@ -47,6 +48,31 @@ def _check_schedule(config: TrainConfig) -> None:
         raise UserError(f"--warmup-epochs {shown(config.warmup_epochs)} leaves nothing of the "
                         f"{shown(config.train_epochs)} --train-epochs for the {config.lr_schedule} "
                         f"schedule; use fewer warm-up epochs")
+
+
+def _check_strategy(config: TrainConfig) -> None:
+    strategy = config.distribution_strategy
+    if strategy == TOWERS:
+        return
+    if config.sync:
+        raise UserError(f"--sync: --distribution-strategy {strategy} is synchronous already "
+                        f"(every step all-reduces every replica's gradients); leave --sync out")
+    if config.variable_strategy != "CPU":
+        raise UserError(f"--variable-strategy {config.variable_strategy}: with "
+                        f"--distribution-strategy {strategy} every replica keeps a copy of the "
+                        f"variables; leave --variable-strategy out")
+    if strategy == MULTI_WORKER_MIRRORED and config.num_cpu_towers != 1:
+        raise UserError("--num-cpu-towers: --distribution-strategy multi-worker-mirrored runs "
+                        "one replica per GPU, or one on the CPU, on every worker; use "
+                        "--distribution-strategy mirrored for logical CPU replicas on one "
+                        "machine")
+    if strategy == MULTI_WORKER_MIRRORED and config.precise_bn_batches:
+        # The recompute runs on the chief alone before a checkpoint (when its timer says), and
+        # every batch-norm update of an all-reduce job needs every worker.
+        raise UserError("--precise-bn-batches: not available with --distribution-strategy "
+                        "multi-worker-mirrored (its recompute would run on the chief alone, "
+                        "and every batch-norm update there waits for every worker); set it "
+                        "to 0, or use --distribution-strategy towers or mirrored")
 
 
 def _check_devices(config: TrainConfig, num_visible_gpus: int, onednn_enabled: bool) -> None:
@@ -92,6 +118,12 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
         raise UserError("--job-dir is required: the folder for checkpoints and the export")
     if not config.data_dir:
         raise UserError("--data-dir is required: the folder with the .tfrecords files")
+    for name in ("job_dir", "data_dir", "export_dir"):
+        path = getattr(config, name)
+        if path and "://" in path:
+            raise UserError(f"{flag(name)} {path}: object storage is not supported; use a "
+                            f"local folder or a shared file system (NFS) path")
     _check_ranges(config)
     _check_schedule(config)
+    _check_strategy(config)
     _check_devices(config, num_visible_gpus, onednn_enabled)

@@ -1,9 +1,10 @@
-"""Named overlays on the settings' defaults: each ``--model``'s, and each ``--recipe``'s.
+"""Named overlays on the settings' defaults: each ``--model``'s, ``--distribution-strategy``'s
+and ``--recipe``'s.
 
 An overlay is a named set of values that take the place of the fields' defaults, as TF Model
 Garden's experiment configurations override its base ones. The order, from weakest to
-strongest: the fields' defaults (``settings``), the model's overlay, the recipe's overlay, and
-the flags given on the command line (``flags.parse``). The trainer logs every setting a recipe
+strongest: the fields' defaults (``settings``), the model's overlay, the strategy's, the
+recipe's, and the flags given on the command line (``flags.parse``). The trainer logs every setting a recipe
 may set, marking those given (``describe``).
 
 A run length is one fact: a model's overlay gives ``train_steps``, and ``--train-epochs``
@@ -14,8 +15,9 @@ import dataclasses
 from typing import Any, Mapping
 
 from cifar10_estimator.config.fields import flag, shown
-from cifar10_estimator.config.settings import (RECIPE_FIELDS, RESNET, TUTORIAL_BATCH,
-                                               TUTORIAL_CNN, TrainConfig)
+from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, RECIPE_FIELDS,
+                                               RESNET, TOWERS, TUTORIAL_BATCH, TUTORIAL_CNN,
+                                               TrainConfig)
 
 # The tutorial CNN's weights are averaged at this decay for evaluation (cifar10.py's
 # MOVING_AVERAGE_DECAY).
@@ -65,13 +67,21 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         "precision": "auto",
     },
 }
-RUN_LENGTH = ("train_steps", "train_epochs")
+# Each --distribution-strategy's defaults: a multi-worker all-reduce job cannot recompute the
+# batch-norm statistics before a checkpoint (config/checks.py says why).
+STRATEGIES: dict[str, Mapping[str, Any]] = {
+    TOWERS: {},
+    MIRRORED: {},
+    MULTI_WORKER_MIRRORED: {"precise_bn_batches": 0},
+}
 
 
-def defaults(model: str, recipe: str) -> dict[str, Any]:
-    """Every setting's default for this model and recipe (the fields', then the overlays')."""
+def defaults(model: str, recipe: str, strategy: str = TOWERS) -> dict[str, Any]:
+    """Every setting's default for this model, strategy and recipe (the fields', then the
+    overlays')."""
     values = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     values.update(MODELS[model])
+    values.update(STRATEGIES[strategy])
     values.update(RECIPES[recipe])
     if RECIPES[recipe].get("train_epochs") is not None:
         values["train_steps"] = None  # the recipe's length replaces the model's
@@ -82,7 +92,8 @@ def build(**given: Any) -> TrainConfig:
     """The settings for the values ``given`` (as on a command line): the rest from the model's
     and the recipe's overlays, then the fields' defaults."""
     fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    values = defaults(given.get("model", fields["model"]), given.get("recipe", fields["recipe"]))
+    values = defaults(given.get("model", fields["model"]), given.get("recipe", fields["recipe"]),
+                      given.get("distribution_strategy", fields["distribution_strategy"]))
     if given.get("train_epochs") is not None and "train_steps" not in given:
         values["train_steps"] = None  # a length given in epochs replaces the model's steps
     values.update(given)
@@ -99,7 +110,7 @@ def recipe_help() -> str:
 def describe(config: TrainConfig) -> str:
     """``recipe NAME: --flag value, ...``: every setting a recipe may set, marking the values
     that differ from the recipe's (given on the command line)."""
-    expected = defaults(config.model, config.recipe)
+    expected = defaults(config.model, config.recipe, config.distribution_strategy)
     parts = [f"{flag(name)} {shown(getattr(config, name))}"
              f"{' (given)' if getattr(config, name) != expected[name] else ''}"
              for name in RECIPE_FIELDS]

@@ -21,6 +21,10 @@ RESNET = "resnet"
 TUTORIAL_CNN = "tutorial-cnn"
 MODELS = (RESNET, TUTORIAL_CNN)
 PRECISIONS = ("auto", "fp32", "bf16")
+# How gradients meet: hand-built towers (one worker; several with parameter servers), or
+# TensorFlow's collective all-reduce strategies through Estimator's train_distribute.
+TOWERS, MIRRORED, MULTI_WORKER_MIRRORED = "towers", "mirrored", "multi-worker-mirrored"
+STRATEGIES = (TOWERS, MIRRORED, MULTI_WORKER_MIRRORED)
 # Both tutorials' batch: 128 images per step.
 TUTORIAL_BATCH = 128
 # Estimator's RunConfig saves a checkpoint every 600 s unless told otherwise, and its EvalSpec
@@ -71,7 +75,9 @@ class ModelParams:
         1, "1: post-activation blocks (He et al. 2015); 2: pre-activation (He et al. 2016)",
         group="model", record=True, choices=(1, 2), models=(RESNET,))
     train_batch_size: int = setting(
-        TUTORIAL_BATCH, "images per step per worker, split evenly over its towers",
+        TUTORIAL_BATCH, "images per step per worker, split evenly over its towers or replicas "
+                        "(a global step takes this from every worker with --sync or an "
+                        "all-reduce strategy)",
         group="schedule", record=True, check=AT_LEAST_1, recipe=True)
     momentum: float = setting(0.9, "momentum of the SGD optimizer (0: plain SGD)",
                               group="schedule", record=True, check=FRACTION)
@@ -135,11 +141,26 @@ class ModelParams:
         False, "in a cluster, aggregate one gradient per worker per step "
                "(SyncReplicasOptimizer); without it, workers update asynchronously",
         group="cluster", record=True)
+    distribution_strategy: str = setting(
+        TOWERS, "how replicas combine gradients: towers, the tutorial's (one tower per device "
+                "on a machine; in a cluster, parameter servers, asynchronous or with --sync); "
+                "mirrored, TensorFlow's MirroredStrategy (all-reduce over one machine's GPUs, "
+                "or --num-cpu-towers logical CPUs); multi-worker-mirrored, collective "
+                "all-reduce over a cluster of chief and workers from TF_CONFIG, no parameter "
+                "servers (docs/distributed.md)",
+        group="cluster", choices=STRATEGIES)
+
+
+def steps_together(params: ModelParams) -> bool:
+    """Whether a global step takes one batch from every worker (``sync``, or an all-reduce
+    strategy) rather than one worker's batch (asynchronous parameter servers)."""
+    return params.sync or params.distribution_strategy != TOWERS
 
 
 def global_batch(params: ModelParams, num_workers: int) -> int:
-    """Images per global step: a batch from every worker with ``sync``, one batch without."""
-    return params.train_batch_size * (num_workers if params.sync else 1)
+    """Images per global step: a batch from every worker when they step together, one batch
+    without."""
+    return params.train_batch_size * (num_workers if steps_together(params) else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,11 +196,11 @@ class TrainConfig(ModelParams):
               "epoch counted as the schedule counts it: train records // batch, times the "
               "workers with --sync); fractions allowed",
         group="schedule", check=POSITIVE)
-    num_gpus: int = setting(0, "GPUs per worker, one tower each; 0 trains on the CPU",
-                            group="devices", check=AT_LEAST_0)
+    num_gpus: int = setting(0, "GPUs per worker, one tower or replica each; 0 trains on the "
+                               "CPU", group="devices", check=AT_LEAST_0)
     num_cpu_towers: int = setting(
-        1, "with --num-gpus 0: towers on this many logical CPU devices (to exercise the "
-           "multi-tower path without GPUs)", group="devices", check=AT_LEAST_1)
+        1, "with --num-gpus 0: towers (or mirrored replicas) on this many logical CPU devices, "
+           "to exercise the multi-device path without GPUs", group="devices", check=AT_LEAST_1)
     data_format: Optional[str] = setting(
         None, "channels_first (NCHW) or channels_last (NHWC) (default: channels_last on CPU, "
               "channels_first with GPUs)",

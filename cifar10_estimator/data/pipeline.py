@@ -140,7 +140,8 @@ class Cifar10DataSet:
         return metadata.split_size(self.data_dir, self.subset)
 
     def make_batch(self, batch_size: int, *, seed: int | None = None,
-                   shuffle_buffer: int | None = None) -> tf.data.Dataset:
+                   shuffle_buffer: int | None = None,
+                   shard: tuple[int, int] = (1, 0)) -> tf.data.Dataset:
         """The dataset of batches for this subset.
 
         Training subsets repeat forever in shuffled order; other subsets make one ordered pass,
@@ -149,11 +150,14 @@ class Cifar10DataSet:
         Args:
           batch_size: examples per batch (the whole worker's batch, before tower sharding).
           seed: makes shuffling and augmentation repeatable.
-          shuffle_buffer: records in the shuffle buffer; default the whole file, so every
-            epoch is a uniform permutation.
+          shuffle_buffer: records in the shuffle buffer; default the whole file (or shard), so
+            every epoch is a uniform permutation.
+          shard: (shards, index): training reads every shards-th record from the index-th on,
+            so the workers of a cluster read disjoint records (each with its own seed).
         """
         if self.subset == "train":
-            return self._training_batches(self._records(), batch_size, seed, shuffle_buffer)
+            return self._training_batches(self._records(), batch_size, seed, shuffle_buffer,
+                                          shard)
         return self.one_pass(batch_size)
 
     def one_pass(self, batch_size: int) -> tf.data.Dataset:
@@ -165,8 +169,12 @@ class Cifar10DataSet:
         # A large read buffer: records are small, so unbuffered reads are latency-bound.
         return tf.data.TFRecordDataset(self.path, buffer_size=8 << 20)
 
-    def _training_batches(self, records, batch_size, seed, shuffle_buffer):
-        buffer = shuffle_buffer or max(self.num_examples(), 1)
+    def _training_batches(self, records, batch_size, seed, shuffle_buffer, shard):
+        shards, index = shard
+        if shards > 1:
+            records = records.shard(shards, index)
+            seed = None if seed is None else seed + index  # the same seed: other orders
+        buffer = shuffle_buffer or max(-(-self.num_examples() // shards), 1)
         # Shuffle before repeat so each epoch sees every record once; reshuffled per epoch.
         records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
         # drop_remainder gives a static batch size, which the tower split needs.

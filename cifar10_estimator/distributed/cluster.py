@@ -23,6 +23,7 @@ What it owns:
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -115,6 +116,28 @@ def wait_for_tasks(tasks: Mapping[str, str], timeout_secs: float) -> None:
             log.info("waiting up to %g s for %s", timeout_secs, ", ".join(waiting))
             announced = True
         time.sleep(_POLL_SECS)
+
+
+def wait_until_gone(tasks: Mapping[str, str], timeout_secs: float) -> list[str]:
+    """Waits until no process listens at the tasks' addresses any more (they exited), at most
+    ``timeout_secs``; returns the tasks still there. Only TCP is asked: a task that finished
+    may no longer serve TensorFlow, and a connection refused is the answer."""
+    deadline = time.monotonic() + timeout_secs
+    waiting = dict(tasks)
+    while waiting and time.monotonic() < deadline:
+        waiting = {name: address for name, address in waiting.items() if _listens(address)}
+        if waiting:
+            time.sleep(_POLL_SECS)
+    return sorted(waiting)
+
+
+def _listens(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=_POLL_SECS):
+            return True
+    except OSError:
+        return False
 
 
 def wait_for_checkpoint(job_dir: str, timeout_secs: float) -> str:

@@ -3,7 +3,7 @@
 ``plan`` lays out the tasks of a TensorFlow cluster on free loopback ports:
 
 - ``num_workers`` training tasks in all: task ``chief`` and ``worker`` 0..N-2;
-- ``num_ps`` parameter servers ``ps`` 0..M-1 (at least one: workers share variables there);
+- ``num_ps`` parameter servers ``ps`` 0..M-1 (none for a collective all-reduce cluster);
 - optionally one ``evaluator`` task. It is left out of the cluster spec (it serves nothing);
   Estimator also accepts it listed there, as Kubeflow's operator lists it.
 
@@ -67,7 +67,9 @@ def make_cluster(num_workers: int, num_ps: int, host: str, ports: Sequence[int]
     if len(ports) != num_workers + num_ps:
         raise ValueError(f"need {num_workers + num_ps} ports, got {len(ports)}")
     addresses = [f"{host}:{p}" for p in ports]
-    cluster = {"chief": addresses[:1], "ps": addresses[num_workers:]}
+    cluster = {"chief": addresses[:1]}
+    if num_ps:
+        cluster["ps"] = addresses[num_workers:]
     if num_workers > 1:
         cluster["worker"] = addresses[1:num_workers]
     return cluster
@@ -107,9 +109,8 @@ def plan(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1"
     """The tasks of a cluster on free ports of ``host``, parameter servers first."""
     if num_workers < 1:
         raise UserError(f"--num-workers must be 1 or more (the chief counts), got {num_workers}")
-    if num_ps < 1:
-        raise UserError(f"--num-ps must be 1 or more (workers share variables through "
-                        f"parameter servers), got {num_ps}")
+    if num_ps < 0:
+        raise UserError(f"--num-ps must be 0 or more, got {num_ps}")
     cluster = make_cluster(num_workers, num_ps, host, free_ports(num_workers + num_ps, host))
     tasks = [Task("ps", i, tf_config(cluster, "ps", i)) for i in range(num_ps)]
     tasks.append(Task("chief", 0, tf_config(cluster, "chief", 0)))

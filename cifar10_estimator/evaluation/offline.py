@@ -28,9 +28,9 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_model, checkpoint_step
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.config.overlays import TUTORIAL_CNN_AVERAGE_DECAY
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import EXPORT_SUBDIR, ModelParams
 from cifar10_estimator.serving import client
-from cifar10_estimator.serving.export import COMPUTE_DTYPE_FILE, EVAL_METRICS_FILE
+from cifar10_estimator.serving.export import EVAL_METRICS_FILE, EXPORT_INFO_FILE
 from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
 from cifar10_estimator.jobdir import settings_record
 
@@ -66,9 +66,10 @@ def load(path: str, checkpoint: Optional[str] = None,
       path: the folder.
       checkpoint: for a job dir, a checkpoint's path or global step (default: the latest).
       class_names: a job dir's class names (its records'); an export has its own.
-      compute_dtype: for a job dir, the dtype its network computes in, given the settings and
-        the precision the job trained in ('fp32' or 'bf16'), as the job's export would
-        (``precision_probe.serving_choice``); default float32. An export computes in its own.
+      compute_dtype: for a job dir without an export in JOB/export (whose dtype it takes), the
+        dtype its network computes in, given the settings and the precision the job trained in
+        ('fp32' or 'bf16'), as the job's export would (``precision_probe.serving_choice``);
+        default float32. An export computes in its own.
 
     Raises:
       UserError: ``path`` is none of those, or the checkpoint does not exist.
@@ -110,13 +111,30 @@ def _load_export(folder: str) -> Evaluated:
                      client.class_names(folder, num_classes), step, export=folder)
 
 
+def export_info(folder: str) -> dict:
+    """An export's ``export.json``: its checkpoint, global step and compute dtype (empty for an
+    export older than the file)."""
+    try:
+        with open(os.path.join(folder, EXPORT_INFO_FILE)) as f:
+            info = json.load(f)
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _export_dtype(folder: str) -> str:
     """The dtype an export computes in (float32 for exports older than the file that says)."""
+    return str(export_info(folder).get("compute_dtype", "float32"))
+
+
+def _job_export_dtype(job_dir: str) -> Optional[str]:
+    """What the job dir's newest export (in JOB/export) computes in, if it has one: a checkpoint
+    evaluates as its export does."""
     try:
-        with open(os.path.join(folder, COMPUTE_DTYPE_FILE)) as f:
-            return f.read().strip() or "float32"
-    except OSError:
-        return "float32"
+        export = client.newest_export(os.path.join(job_dir, EXPORT_SUBDIR))
+    except UserError:
+        return None
+    return export_info(export).get("compute_dtype")
 
 
 def _computes_in(dtype: str) -> str:
@@ -165,8 +183,10 @@ def _load_checkpoint(job_dir: str, checkpoint: str, class_names: Optional[tuple[
     if class_names is None or len(class_names) != num_classes:
         class_names = schema.placeholder_class_names(num_classes)
     settings = ModelSettings(params=params, class_names=class_names)
-    if compute_dtype:
-        settings = dataclasses.replace(settings, compute_dtype=compute_dtype(settings, trained))
+    exported = _job_export_dtype(job_dir)
+    if exported or compute_dtype:
+        settings = dataclasses.replace(
+            settings, compute_dtype=exported or compute_dtype(settings, trained))
     weights = FrozenWeights(checkpoint, averaged=params.moving_average_decay > 0)
     network = ServingModule(settings, weights).network
     return Evaluated(f"checkpoint {checkpoint}{_computes_in(settings.compute_dtype)}",

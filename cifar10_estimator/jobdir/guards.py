@@ -91,6 +91,13 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
         if reason is None:
             raise
         raise UserError(_unwritable_checkpoint(job_dir, reason)) from None
+    except Exception as e:
+        # TensorBoard's event writer re-raises its thread's failure as a plain Python error
+        # (an IndexError for "File too large"), not as a TensorFlow one.
+        reason = _full_disk(str(e))
+        if reason is None:
+            raise
+        raise UserError(_unwritable_checkpoint(job_dir, reason, "TensorBoard events")) from None
 
 
 def _full_disk(message: str) -> Optional[str]:
@@ -101,7 +108,7 @@ def _full_disk(message: str) -> Optional[str]:
     return None
 
 
-def _unwritable_checkpoint(job_dir: str, reason: str) -> str:
+def _unwritable_checkpoint(job_dir: str, reason: str, what: str = "a checkpoint") -> str:
     """Cleans up a failed save and says what is kept.
 
     TensorFlow writes a checkpoint's shards under ``<prefix>_temp`` and only then its index and
@@ -113,5 +120,5 @@ def _unwritable_checkpoint(job_dir: str, reason: str) -> str:
     latest = tf.train.latest_checkpoint(job_dir)
     kept = (f"the latest checkpoint, {latest}, is kept" if latest
             else "no checkpoint was written yet")
-    return (f"cannot write a checkpoint in --job-dir {job_dir} ({reason}); {kept}. Free space "
+    return (f"cannot write {what} in --job-dir {job_dir} ({reason}); {kept}. Free space "
             f"(or raise the quota) and rerun the same command to resume")

@@ -19,9 +19,16 @@ _BLOCK = re.compile(r"^resnet/stage(\d)/block(\d+)/")
 _TUTORIAL_OUTPUT = "tutorial_cnn/softmax_linear/biases"  # its class count is its shape
 
 
+_STEP_SUFFIX = re.compile(r"-(\d+)$")
+
+
 def checkpoint_step(checkpoint_path: str) -> int:
-    """The global step in a checkpoint path (``.../model.ckpt-1200`` -> 1200)."""
-    return int(checkpoint_path.rsplit("-", 1)[1])
+    """The global step of a checkpoint: from its path as Estimator names it (``.../model.ckpt-1200``
+    -> 1200), else (a checkpoint saved under another name) from its ``global_step`` variable."""
+    match = _STEP_SUFFIX.search(checkpoint_path)
+    if match:
+        return int(match.group(1))
+    return int(tf.train.load_variable(checkpoint_path, tf.compat.v1.GraphKeys.GLOBAL_STEP))
 
 
 def latest_step(job_dir: str) -> int:

@@ -90,19 +90,32 @@ def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     return logits, xent, l2
 
 
+def _replicas() -> int:
+    """Replicas of a tf.distribute strategy whose replica this model_fn call builds (Estimator
+    calls it once per replica under ``train_distribute``); 0 outside a strategy."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return 0
+    return tf.distribute.get_replica_context().num_replicas_in_sync
+
+
 def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
-    """One tower per device on its shard of the batch, sharing variables."""
+    """One tower per device on its shard of the batch, sharing variables; under a
+    tf.distribute strategy, this replica's one tower on its own batch (the strategy places it,
+    and all-reduces the gradients)."""
     is_training = mode == tf.estimator.ModeKeys.TRAIN
+    replicas = _replicas()
     # Serving and prediction use one tower on the first device: requests have any size.
-    devices = list(s.devices) if mode != tf.estimator.ModeKeys.PREDICT else [s.devices[0]]
-    setters = towers.make_device_setters(devices, s.params.variable_strategy)
+    devices = (list(s.devices) if mode != tf.estimator.ModeKeys.PREDICT and not replicas
+               else [s.devices[0]])
+    setters = ([lambda op: op.device or ""] if replicas else
+               towers.make_device_setters(devices, s.params.variable_strategy))
     image_shards = towers.split_batch(images, len(devices))
     label_shards = (towers.split_batch(labels, len(devices)) if labels is not None
                     else [None] * len(devices))
     bn_decay = s.params.batch_norm_decay
     if is_training:
-        with tf.compat.v1.device(towers.consolidation_device(s.params.variable_strategy,
-                                                             devices)):
+        with tf.compat.v1.device("" if replicas else towers.consolidation_device(
+                s.params.variable_strategy, devices)):
             scheduled = schedules.batch_norm_decay_schedule(
                 tf.compat.v1.train.get_or_create_global_step(), s.params.batch_norm_decay)
             # Fed the batch count k by precise batch norm, the decay is k / (k + 1): the moving
@@ -112,7 +125,8 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
             bn_decay = tf.where(count >= 0, count / (count + 1.0), scheduled)
     built = _Towers()
     for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
-        with tf.compat.v1.variable_scope(networks.SCOPES[s.params.model], reuse=i > 0), \
+        with tf.compat.v1.variable_scope(networks.SCOPES[s.params.model],
+                                         reuse=True if i > 0 else None), \
                 tf.name_scope(f"tower_{i}") as scope, tf.compat.v1.device(setter):
             logits, xent, l2 = _tower(x, y, is_training, s, bn_decay)
             built.logits.append(logits)
@@ -124,7 +138,10 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
             built.losses.append(loss)
             if is_training:
                 params = tf.compat.v1.trainable_variables()
-                built.grads.append(list(zip(tf.gradients(loss, params), params)))
+                # A strategy SUMs the replicas' gradients (the optimizer's all-reduce): each
+                # replica's share of the mean loss is its loss over the replica count.
+                scaled = loss / replicas if replicas else loss
+                built.grads.append(list(zip(tf.gradients(scaled, params), params)))
             if i == 0:
                 # Only tower 0 updates the batch-norm moving statistics: every tower sees a
                 # random shard of the same distribution, so one tower's statistics converge
@@ -208,8 +225,11 @@ def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelS
     tf.compat.v1.summary.scalar("cross_entropy", cross_entropy)
     tf.compat.v1.summary.scalar("weight_decay", built.weight_decay[0])
     train_op, hooks = _train_op(built, loss, learning_rate, global_step, s)
+    # Under a strategy Estimator logs the SUM of the replicas' losses: each gives its share.
+    replicas = _replicas()
     return tf.estimator.EstimatorSpec(tf.estimator.ModeKeys.TRAIN, predictions=predictions,
-                                      loss=loss, train_op=train_op, training_hooks=hooks)
+                                      loss=loss / replicas if replicas else loss,
+                                      train_op=train_op, training_hooks=hooks)
 
 
 def make_model_fn(s: ModelSettings):
@@ -218,8 +238,8 @@ def make_model_fn(s: ModelSettings):
     def model_fn(features, labels, mode):
         images = features["image"] if isinstance(features, dict) else features
         built = _build_towers(images, labels, mode, s)
-        with tf.compat.v1.device(towers.consolidation_device(s.params.variable_strategy,
-                                                             s.devices)):
+        with tf.compat.v1.device("" if _replicas() else towers.consolidation_device(
+                s.params.variable_strategy, s.devices)):
             logits = tf.concat(built.logits, axis=0) if len(built.logits) > 1 else built.logits[0]
             classes = tf.argmax(logits, axis=1, name="classes")
             predictions = {"classes": classes,

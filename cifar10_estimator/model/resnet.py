@@ -76,10 +76,17 @@ class _Builder:
         return self._convolve(x, self._kernel(x.shape[self.channel_axis], filters, name), stride)
 
     def _bn_variables(self, channels, name):
-        """gamma, beta, moving mean, moving variance."""
+        """gamma, beta, moving mean, moving variance.
+
+        Under a tf.distribute strategy every replica updates the moving statistics with its
+        own batch's; MEAN aggregation makes each update the replicas' average, so every copy
+        holds the same values (the towers' design, on one worker, takes tower 0's alone).
+        """
         with tf.compat.v1.variable_scope(name):
             return tuple(tf.compat.v1.get_variable(
-                var, [channels], tf.float32, trainable=trainable, initializer=init())
+                var, [channels], tf.float32, trainable=trainable, initializer=init(),
+                aggregation=(tf.VariableAggregation.NONE if trainable
+                             else tf.VariableAggregation.MEAN))
                 for var, trainable, init in (
                     ("gamma", True, tf.compat.v1.ones_initializer),
                     ("beta", True, tf.compat.v1.zeros_initializer),

@@ -15,9 +15,10 @@ The peak is ``learning_rate``, scaled by global batch / ``lr_reference_batch`` w
 Goyal et al.'s linear scaling rule (section 2.1), which keeps the updates of one epoch the same
 size whatever the batch.
 
-A warm-up (``warmup_epochs``) rises linearly from 0 to the peak before ``piecewise`` and
-``cosine`` (Goyal et al. 2017, "Accurate, Large Minibatch SGD", arXiv:1706.02677); for
-``one-cycle`` it sets the length of the rise.
+A warm-up (``warmup_epochs``; Goyal et al. 2017, "Accurate, Large Minibatch SGD",
+arXiv:1706.02677) scales the rate linearly from 0 to full over its epochs: for ``piecewise`` it
+ramps the first phase, whose boundaries stay where they are; ``cosine`` starts its decay after
+it; for ``one-cycle`` it sets the length of the rise.
 """
 
 import math

@@ -32,6 +32,19 @@ def tower_devices(num_gpus: int, num_cpu_towers: int = 1) -> list[str]:
     return [f"/cpu:{i}" for i in range(max(1, num_cpu_towers))]
 
 
+def ensure_logical_cpus(count: int) -> bool:
+    """Makes this process's TensorFlow runtime show ``count`` logical CPU devices, for a
+    tf.distribute strategy to place replicas on (sessions make their own with
+    ``device_count``). Possible only before the runtime starts: returns whether it has them."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError:  # the runtime started already: it has what it has
+        pass
+    return len(tf.config.list_logical_devices("CPU")) >= count
+
+
 def consolidation_device(variable_strategy: str, devices: Sequence[str]) -> str:
     """Where the optimizer update, learning rate and metrics run (the tutorial's choice)."""
     return "/cpu:0" if variable_strategy == "CPU" else devices[0]

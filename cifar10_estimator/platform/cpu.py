@@ -4,7 +4,7 @@ The one place that reads the CPU's model and ISA flags (``read_cpu_info``, from 
 ``/proc/cpuinfo``; tests inject a ``CpuInfo`` instead) and asks TensorFlow whether its oneDNN
 kernels are on (``onednn_enabled``). ``precision`` turns these facts into ``--precision``.
 
-Why it matters, measured on TensorFlow 2.15 (figures in the README's Performance section):
+Why it matters, measured on TensorFlow 2.15 (figures in docs/performance.md and docs/cpus.md):
 
 - oneDNN. TF 2.15 turns its oneDNN kernels on by default only on x86 CPUs with AVX512_VNNI,
   AVX512_BF16 or AMX (tensorflow/core/util/util.cc, ``IsMKLEnabled``); elsewhere, e.g. on an

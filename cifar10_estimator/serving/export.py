@@ -2,7 +2,8 @@
 
 ``export_saved_model`` builds the serving module of a checkpoint (``signatures``), saves it with
 ``tf.saved_model.save``, gives the ``classify`` signature TF Serving's classify method, and adds
-``assets.extra/``: ``class_names.txt`` (one name per line, for tools), ``eval_metrics.json`` (the
+``assets.extra/``: ``class_names.txt`` (one name per line, for tools), ``export.json`` (the
+checkpoint and its global step, and the dtype the network computes in), ``eval_metrics.json`` (the
 scalars of the checkpoint's evaluation, when there was one) and the warm-up requests
 (``warmup``). A TF2 SavedModel, because ``tf.saved_model.load`` turns a TF1-format export's
 signatures into functions whose Python signature is empty, so every call first fails to bind its
@@ -26,6 +27,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from cifar10_estimator.errors import UserError
+from cifar10_estimator.model.checkpoints import checkpoint_step
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.serving import warmup
 from cifar10_estimator.serving.signatures import CLASSIFY_SIGNATURE, FrozenWeights, ServingModule
@@ -34,9 +36,10 @@ log = logging.getLogger("cifar10_estimator")
 
 CLASS_NAMES_FILE = os.path.join(warmup.ASSETS_EXTRA, "class_names.txt")
 EVAL_METRICS_FILE = os.path.join(warmup.ASSETS_EXTRA, "eval_metrics.json")
-# The dtype the network computes in (float32 or bfloat16): a bfloat16 export is fast only on
-# machines with native bf16 (docs/serving.md).
-COMPUTE_DTYPE_FILE = os.path.join(warmup.ASSETS_EXTRA, "compute_dtype.txt")
+# What the export was made of: the checkpoint and its global step, and the dtype the network
+# computes in (float32 or bfloat16; a bfloat16 export is fast only on machines with native bf16,
+# docs/serving.md).
+EXPORT_INFO_FILE = os.path.join(warmup.ASSETS_EXTRA, "export.json")
 
 
 def _remove_unfinished(export_dir: str) -> None:
@@ -67,12 +70,14 @@ def _set_classify_method(folder: str) -> None:
 
 
 def _write_assets(folder: str, settings: ModelSettings, requests: list,
-                  metrics: Optional[dict]) -> None:
+                  metrics: Optional[dict], checkpoint_path: str) -> None:
     os.makedirs(os.path.join(folder, warmup.ASSETS_EXTRA))
     with open(os.path.join(folder, CLASS_NAMES_FILE), "w") as f:
         f.write("".join(f"{name}\n" for name in settings.class_names))
-    with open(os.path.join(folder, COMPUTE_DTYPE_FILE), "w") as f:
-        f.write(f"{settings.compute_dtype}\n")
+    with open(os.path.join(folder, EXPORT_INFO_FILE), "w") as f:
+        json.dump({"checkpoint": os.path.basename(checkpoint_path),
+                   "global_step": checkpoint_step(checkpoint_path),
+                   "compute_dtype": settings.compute_dtype}, f, indent=1, sort_keys=True)
     if metrics is not None:
         with open(os.path.join(folder, EVAL_METRICS_FILE), "w") as f:
             json.dump(_scalar_metrics(metrics), f, indent=1, sort_keys=True)
@@ -122,7 +127,7 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
         _remove_unfinished(export_dir)
         tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
         _set_classify_method(tmp)
-        _write_assets(tmp, settings, requests, metrics)
+        _write_assets(tmp, settings, requests, metrics, checkpoint_path)
         # The rename is the commit: a numbered folder is always a complete export.
         os.rename(tmp, final)
     except (OSError, tf.errors.OpError) as e:

@@ -22,25 +22,27 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 from typing import Callable, Optional
 
 import tensorflow as tf
 
 from cifar10_estimator.config import overlays
 from cifar10_estimator.config.checks import validate
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import (MULTI_WORKER_MIRRORED, TOWERS, TrainConfig,
+                                               steps_together)
+from cifar10_estimator.distributed import allreduce, evaluator
 from cifar10_estimator.distributed import cluster as distributed
-from cifar10_estimator.distributed import evaluator
 from cifar10_estimator.errors import Stopped, UserError
-from cifar10_estimator.evaluation import report
+from cifar10_estimator.evaluation import offline, report
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
-from cifar10_estimator.model import checkpoints
+from cifar10_estimator.model import checkpoints, towers
 from cifar10_estimator.model.model_fn import make_model_fn
 from cifar10_estimator.platform import cpu, precision, precision_cache
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving import client
-from cifar10_estimator.serving.export import EVAL_METRICS_FILE, export_saved_model
+from cifar10_estimator.serving.export import export_saved_model
 from cifar10_estimator.training import precise_bn, progress, task
 from cifar10_estimator.training.preemption import Preemption, stopped_line
 from cifar10_estimator.training.task import Job
@@ -73,35 +75,43 @@ def _start(job: Job, stack: contextlib.ExitStack) -> None:
         # that the chief is up from its checkpoint, below.
         distributed.wait_for_tasks(task.ps_tasks(job.cluster), config.cluster_timeout_secs)
     if not job.rc.is_chief:
-        # A worker or evaluator starts once the chief's first checkpoint exists: this proves
-        # the job dir is shared, and a worker arriving before the chief has initialised the
-        # variables would sleep 30 s between checks (SessionManager's recovery_wait_secs).
-        distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
+        if _all_reduce_cluster(job):
+            # An all-reduce worker joins the chief's first step (the chief cannot save a
+            # checkpoint before that step): it waits only for the chief's settings record.
+            allreduce.wait_for_file(os.path.join(config.job_dir, settings_record.RECORD_FILE),
+                                    config.cluster_timeout_secs, "the chief's settings record")
+        else:
+            # A worker or evaluator starts once the chief's first checkpoint exists: this
+            # proves the job dir is shared, and a worker arriving before the chief has
+            # initialised the variables would sleep 30 s between checks (SessionManager's
+            # recovery_wait_secs).
+            distributed.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
         task.resolve_precision(job, (settings_record.read(config.job_dir) or {}).get(
             "precision"))
-        if job.rc.task_type == "evaluator" and config.export_best:
-            task.resolve_serving_precision(job)
         settings_record.check(config.job_dir, task.run_settings(job), is_chief=False)
         return
     guards.check_job_dir(config.job_dir, config, job.info.num_classes)
-    if "://" in config.job_dir:
-        log.info("--job-dir %s is not a local path, which this package cannot lock: make sure "
-                 "only one trainer uses it", config.job_dir)
-    else:
-        lock = stack.enter_context(JobLock(config.job_dir))
-        job.preemption.before_exit(lambda _: lock.release())
+    lock = stack.enter_context(JobLock(config.job_dir))
+    job.preemption.before_exit(lambda _: lock.release())
     recorded = settings_record.read(config.job_dir) or {}
     task.resolve_precision(job, None if config.change_settings else recorded.get("precision"))
-    task.resolve_serving_precision(job)
     current = task.run_settings(job)
     settings_record.check(config.job_dir, current, is_chief=True, change=config.change_settings)
     spans = recorded.get(settings_record.SCHEDULE_STEPS)
     if spans and current.get(settings_record.SCHEDULE_STEPS, spans) != spans:
         log.info("--change-settings: %s", task.schedule_change(
             job, spans, checkpoints.latest_step(config.job_dir)))
+    if _all_reduce_cluster(job):
+        job.agreed_stop.clear()  # an earlier run's
     latest = tf.train.latest_checkpoint(config.job_dir)
-    if latest:  # only the chief restores; others use the ps or evaluate
+    if latest:  # only the chief restores; others use the ps, get the chief's values or evaluate
         log.info("resuming from %s", latest)
+
+
+def _all_reduce_cluster(job: Job) -> bool:
+    """A training task of a multi-worker all-reduce job."""
+    return (job.config.distribution_strategy == MULTI_WORKER_MIRRORED
+            and job.rc.task_type in distributed.TRAINER_JOBS)
 
 
 class _AfterEvaluation(tf.estimator.Exporter):
@@ -124,7 +134,8 @@ def _progress_hook(job: Job) -> progress.ProgressHook:
     config, s = job.config, job.settings
     per_global_step = None
     if s.num_workers > 1:
-        per_global_step = config.train_batch_size * (s.num_workers if config.sync else 1)
+        per_global_step = config.train_batch_size * (s.num_workers if steps_together(config)
+                                                     else 1)
     return progress.ProgressHook(
         config.train_batch_size, config.train_steps, per_global_step,
         every_secs=config.progress_secs, summary_dir=config.job_dir if s.is_chief else None,
@@ -134,26 +145,54 @@ def _progress_hook(job: Job) -> progress.ProgressHook:
 def _specs(job: Job, best: Optional[BestExport]):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``."""
     config = job.config
-    train_hooks = [_progress_hook(job), job.preemption.training_hook()]
+    all_reduce = _all_reduce_cluster(job)
+    train_hooks = [_progress_hook(job), job.preemption.training_hook(stop=not all_reduce)]
+    if all_reduce:
+        name = f"{job.rc.task_type} {job.rc.task_id}"
+        train_hooks += [
+            job.agreed_stop.hook(lambda: job.preemption.signum is not None,
+                                 on_session=job.preemption.reinstall),
+            allreduce.RestartOnLostPeer(name, config.job_dir),
+            allreduce.JoinWithin(config.cluster_timeout_secs, (
+                f"every task of TF_CONFIG's chief and workers must run; {name} is waiting for "
+                f"the others")).start().hook()]
     if job.rc.is_chief and config.precise_bn_batches and not config.moving_average_decay:
         train_hooks.append(precise_bn.CheckpointHook(
             config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
             precise_bn.PreciseBatchNorm(config.precise_bn_batches, config.train_steps,
                                         skip=lambda: job.preemption.signum is not None)))
-    if job.in_cluster:
+    if job.in_cluster and job.rc.num_ps_replicas:
         train_hooks.append(distributed.ParameterServerWatchdog(
             task.ps_tasks(job.cluster), config.cluster_timeout_secs,
             "start it again on the same address and rerun the tasks that stopped with the "
             "same flags: the chief resumes from the latest checkpoint in --job-dir"))
-    train_spec = tf.estimator.TrainSpec(
-        lambda: job.train_data.make_batch(config.train_batch_size, seed=config.seed),
-        max_steps=config.train_steps, hooks=train_hooks)
+    train_spec = tf.estimator.TrainSpec(_train_input(job), max_steps=config.train_steps,
+                                        hooks=train_hooks)
     eval_spec = tf.estimator.EvalSpec(
         lambda: job.eval_data.make_batch(config.eval_batch_size),
         steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
         exporters=[_AfterEvaluation(best.consider if best else None)],
         hooks=[job.preemption.evaluation_hook()])
     return train_spec, eval_spec
+
+
+def _train_input(job: Job) -> Callable:
+    """The training input_fn: this worker's shard of the records; under a tf.distribute
+    strategy, Estimator calls it per input pipeline for batches of one replica's share."""
+    config = job.config
+    if config.distribution_strategy == TOWERS:
+        shard = ((job.settings.num_workers, task.worker_index(job.rc)) if job.in_cluster
+                 else (1, 0))
+        return lambda: job.train_data.make_batch(config.train_batch_size, seed=config.seed,
+                                                 shard=shard)
+
+    def input_fn(input_context: tf.distribute.InputContext):
+        pipelines = input_context.num_input_pipelines  # one per worker
+        replicas_here = input_context.num_replicas_in_sync // pipelines
+        return job.train_data.make_batch(
+            config.train_batch_size // replicas_here, seed=config.seed,
+            shard=(pipelines, input_context.input_pipeline_id))
+    return input_fn
 
 
 def _evaluate_only(job: Job, estimator, eval_spec, best: Optional[BestExport]) -> TrainResult:
@@ -175,14 +214,20 @@ def _train(job: Job, estimator, train_spec, eval_spec) -> Optional[dict]:
     try:
         with guards.training_errors(job.config.data_dir, job.config.job_dir):
             result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
-    except tf.errors.DeadlineExceededError as e:
-        if job.rc.is_chief:
+    except tf.errors.OpError as e:
+        if _all_reduce_cluster(job) and allreduce.is_lost_peer(e):
+            allreduce.exit_for_restart(f"{job.rc.task_type} {job.rc.task_id}",
+                                       f"training failed ({e.message.splitlines()[0]})",
+                                       job.config.job_dir)
+        if not isinstance(e, tf.errors.DeadlineExceededError) or job.rc.is_chief:
             raise
         raise UserError(f"the chief did not make the model ready within "
                         f"{job.config.cluster_timeout_secs} s (--cluster-timeout-secs): "
                         f"{e.message.splitlines()[0]}") from None
     job.preemption.check()  # a session that stopped for a signal: no report, no export
-    if job.in_cluster:
+    if _all_reduce_cluster(job) and job.agreed_stop.stopped:
+        raise Stopped(signal.SIGTERM, why="stopped with the job (another task received a signal)")
+    if job.in_cluster and job.rc.num_ps_replicas:
         # Lets the parameter servers exit; the export below does not need them.
         distributed.report_done(job.cluster, f"{job.rc.task_type}:{job.rc.task_id}",
                                 _REPORT_TIMEOUT_SECS)
@@ -226,12 +271,32 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
         log.info(overlays.describe(config))
         precision.check_requested(config.precision, cpu_info, onednn=onednn,
                                   gpu_capabilities=task.gpu_capabilities(config))
+        task.check_cluster(config, role)
+        # First, before anything starts TensorFlow's runtime: a strategy's devices and
+        # collective operations can be set up only then.
+        strategy = (_strategy(config) if config.distribution_strategy != TOWERS
+                    and role.task_type in distributed.TRAINER_JOBS else None)
         machine = task.Machine(cpu_info, onednn,
                                precision_cache.PrecisionCache(cache_dir, tf.__version__))
-        return _run(task.prepare(config, preemption, machine))
+        return _run(task.prepare(config, preemption, machine, strategy))
     except Stopped as stop:
         log.info(stopped_line(stop, role, config.job_dir, preemption.last_step))
         raise
+
+
+def _strategy(config: TrainConfig) -> tf.distribute.Strategy:
+    """The tf.distribute strategy of ``--distribution-strategy`` for this task."""
+    if (config.num_gpus == 0 and config.num_cpu_towers > 1
+            and not towers.ensure_logical_cpus(config.num_cpu_towers)):
+        raise UserError(f"--num-cpu-towers {config.num_cpu_towers}: TensorFlow started in this "
+                        f"process with fewer CPU devices; run the trainer in a process of its "
+                        f"own (python -m cifar10_estimator)")
+    try:
+        return allreduce.make_strategy(config.distribution_strategy, towers.tower_devices(
+            config.num_gpus, config.num_cpu_towers))
+    except RuntimeError as e:  # collective operations after TensorFlow's runtime started
+        raise UserError(f"--distribution-strategy {config.distribution_strategy}: {e}; run the "
+                        f"trainer in a process of its own (python -m cifar10_estimator)") from None
 
 
 def _run(job: Job) -> TrainResult:
@@ -240,28 +305,50 @@ def _run(job: Job) -> TrainResult:
         return _train_evaluate_export(job)
 
 
+def _final_export(job: Job, step: int) -> Optional[str]:
+    """The newest export, if it was made of the checkpoint of ``step``."""
+    try:
+        export = client.newest_export(job.config.resolved_export_dir)
+    except UserError:
+        return None
+    return export if offline.export_info(export).get("global_step") == step else None
+
+
+def _final_report_of(job: Job, step: int) -> Optional[dict]:
+    """JOB/eval_report.json, if it reports the evaluation of ``step``."""
+    try:
+        with open(os.path.join(job.config.job_dir, report.REPORT_FILE)) as f:
+            final = json.load(f)
+        return final if final["global_step"] == step else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _finished(job: Job) -> Optional[TrainResult]:
-    """The result of a job that already trained to its last step, reported its final
-    evaluation and exported it (a local run's, or a chief's that evaluated), else None."""
+    """The result of a job that already trained to its last step and exported it (and, run
+    locally, reported its final evaluation), else None. A job that trained to its end and
+    reported that step's evaluation but lost or never finished its export (a full disk) is
+    exported here, once, with the report's figures: nothing is trained or evaluated again."""
     config = job.config
     step = checkpoints.latest_step(config.job_dir)
     if step < config.train_steps:
         return None
-    path = os.path.join(config.job_dir, report.REPORT_FILE)
-    try:
-        with open(path) as f:
-            final = json.load(f)
-        export = client.newest_export(config.resolved_export_dir)
-        with open(os.path.join(export, EVAL_METRICS_FILE)) as f:
-            exported_step = json.load(f)["global_step"]
-        if final["global_step"] != step or exported_step != step:
-            return None
-        metrics = {"accuracy": float(final["accuracy"]), "global_step": step}
-    except (OSError, ValueError, KeyError, TypeError, UserError):
-        return None  # finished without its report or export: made again below
-    log.info("already trained to step %d in %s, final accuracy %.2f%%: nothing to train or "
-             "export (raise --train-steps to train longer); its export is %s and its report %s",
-             step, config.job_dir, 100 * metrics["accuracy"], export, path)
+    export = _final_export(job, step)
+    final = _final_report_of(job, step)
+    if final is None and not (export and job.cluster):
+        return None  # a local run evaluates and reports below; the export is not made twice
+    metrics = {"accuracy": float(final["accuracy"]), "global_step": step} if final else None
+    path = os.path.join(config.job_dir, report.REPORT_FILE) if final else None
+    shown = f", final accuracy {100 * metrics['accuracy']:.2f}%" if metrics else ""
+    if export is None:
+        task.resolve_serving_precision(job)
+        export = _export_final(job, metrics)
+        log.info("already trained to step %d in %s%s: nothing to train; exported its final "
+                 "checkpoint, which had no export, to %s", step, config.job_dir, shown, export)
+        return TrainResult(metrics, export, path, 0, "local" if not job.cluster else "chief")
+    log.info("already trained to step %d in %s%s: nothing to train or export (raise "
+             "--train-steps to train longer); its export is %s%s", step, config.job_dir, shown,
+             export, f" and its report {path}" if path else "")
     return TrainResult(metrics, export, path, 0, "local" if not job.cluster else "chief")
 
 
@@ -271,8 +358,13 @@ def _train_evaluate_export(job: Job) -> TrainResult:
         finished = _finished(job)
         if finished:
             return finished
+    if job.rc.is_chief or (job.rc.task_type == "evaluator" and config.export_best):
+        task.resolve_serving_precision(job)
     start_step = checkpoints.latest_step(config.job_dir)
-    estimator = tf.estimator.Estimator(make_model_fn(job.settings), config=job.rc)
+    rc = job.rc
+    if job.strategy is not None:
+        rc = task.run_config(config, job.strategy)
+    estimator = tf.estimator.Estimator(make_model_fn(job.settings), config=rc)
     best = (BestExport(job.serving_settings, config.resolved_export_dir) if config.export_best
             else None)
     if best and job.in_cluster and "evaluator" not in job.cluster and job.rc.is_chief:
@@ -283,12 +375,32 @@ def _train_evaluate_export(job: Job) -> TrainResult:
     if job.rc.task_type == "evaluator":
         return _evaluate_only(job, estimator, eval_spec, best)
     metrics = _train(job, estimator, train_spec, eval_spec)
-    trained = checkpoints.latest_step(config.job_dir) - start_step
+    step = checkpoints.latest_step(config.job_dir)
+    trained = step - start_step
     role = job.rc.task_type if job.cluster else "local"
     if not job.rc.is_chief:
         return TrainResult(metrics, None, steps_trained=trained, role=role)
-    return TrainResult(metrics, _export_final(job, metrics), _final_report(job, metrics),
-                       trained, role)
+    if not job.cluster and (not metrics or metrics.get("global_step") != step):
+        # Estimator evaluates only a checkpoint it saved in this run: the last one of a run
+        # that stopped between its final save and its report is evaluated here, once.
+        with guards.training_errors(config.data_dir, config.job_dir):
+            metrics = estimator.evaluate(eval_spec.input_fn, hooks=eval_spec.hooks)
+        log.info(report.evaluation_line(metrics))
+    export = _final_export(job, step) or _export_final(job, metrics)
+    result = TrainResult(metrics, export, _final_report(job, metrics), trained, role)
+    if _all_reduce_cluster(job):
+        # The chief leads the job's coordination service: leaving before the workers have
+        # ended their sessions makes them log errors about it. A worker ends seconds after.
+        distributed.wait_until_gone(
+            {name: address for name, address in _peers(job).items()}, _REPORT_TIMEOUT_SECS)
+    return result
+
+
+def _peers(job: Job) -> dict[str, str]:
+    """The other training tasks of the cluster: ``job:index`` -> address."""
+    return {f"{kind}:{i}": address for kind in distributed.TRAINER_JOBS
+            for i, address in enumerate(job.cluster.get(kind, ()))
+            if (kind, i) != (job.rc.task_type, job.rc.task_id)}
 
 
 def _final_report(job: Job, metrics: Optional[dict]) -> Optional[str]:

@@ -51,7 +51,8 @@ class PreciseBatchNorm:
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
-        self._count = graph.get_collection(PRECISE_BN_COUNT)[0]
+        # One per replica under a tf.distribute strategy: each replica's decay must be fed.
+        self._counts = graph.get_collection(PRECISE_BN_COUNT)
         self._updates = graph.get_collection(PRECISE_BN_UPDATES)
         self._first = True
         # Weights about to diverge can give infinite statistics while still finite
@@ -74,7 +75,7 @@ class PreciseBatchNorm:
         started = time.monotonic()
         before = session.run(self._moving)
         for k in range(self.batches):
-            session.run(self._updates, feed_dict={self._count: float(k)})
+            session.run(self._updates, feed_dict={count: float(k) for count in self._counts})
         if not session.run(self._finite):
             session.run(self._put_back, feed_dict=dict(zip(self._kept, before)))
             log.warning("precise batch norm: the weights of step %d give statistics that are "

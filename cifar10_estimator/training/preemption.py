@@ -55,7 +55,20 @@ class Preemption:
         """Handles SIGTERM and SIGINT from now on (main thread only)."""
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
+            # Restart system calls the signal interrupts (SA_RESTART): TensorFlow's collective
+            # operations wait in calls that do not retry on EINTR, and an all-reduce step
+            # hung for good when a signal interrupted it.
+            signal.siginterrupt(signum, False)
         return self
+
+    def reinstall(self) -> None:
+        """Takes SIGTERM and SIGINT back (main thread only) from a library that replaced the
+        process's handler: TensorFlow's coordination service, which multi-worker strategies
+        start, installs its own SIGTERM notifier, and a signal then never reaches Python."""
+        if self._previous and self.signum is None:
+            for signum in SIGNALS:
+                signal.signal(signum, self._on_signal)
+                signal.siginterrupt(signum, False)
 
     def restore(self) -> None:
         """Puts back the handlers ``install`` replaced (a command that returns to a caller)."""
@@ -88,9 +101,10 @@ class Preemption:
         if self.signum is not None:
             raise Stopped(self.signum)
 
-    def training_hook(self) -> tf.estimator.SessionRunHook:
-        """Stops a training session after the step in flight once a signal came."""
-        return _TrainingHook(self)
+    def training_hook(self, stop: bool = True) -> tf.estimator.SessionRunHook:
+        """Stops a training session after the step in flight once a signal came (``stop``;
+        an all-reduce job stops at a step its tasks agree on instead: ``allreduce``)."""
+        return _TrainingHook(self, stop)
 
     def evaluation_hook(self) -> tf.estimator.SessionRunHook:
         """Marks an evaluation, which a signal ends at once (and which does not start after
@@ -99,8 +113,9 @@ class Preemption:
 
 
 class _TrainingHook(tf.estimator.SessionRunHook):
-    def __init__(self, preemption: Preemption):
+    def __init__(self, preemption: Preemption, stop: bool):
         self._p = preemption
+        self._stop = stop
 
     def begin(self):
         self._step = tf.compat.v1.train.get_global_step()
@@ -115,7 +130,7 @@ class _TrainingHook(tf.estimator.SessionRunHook):
     def after_run(self, run_context, run_values):
         # The step read before the update: the step just run ends one later.
         self._p.last_step = int(run_values.results) + 1
-        if self._p.signum is not None:
+        if self._p.signum is not None and self._stop:
             run_context.request_stop()
 
     def end(self, session):
@@ -136,8 +151,9 @@ class _EvaluationHook(tf.estimator.SessionRunHook):
 
 def stopped_line(stop: Stopped, role: tf.estimator.RunConfig, job_dir: Optional[str],
                  last_step: Optional[int]) -> str:
-    """What a task that received a signal says before it exits."""
-    head = f"received {stop.name}"
+    """What a task that received a signal (or stopped with one that did) says before it
+    exits."""
+    head = stop.why or f"received {stop.name}"
     if role.task_type == "ps":
         return (f"{head}: parameter server stopped (the chief's checkpoints hold the "
                 f"variables); start it again with the same command")

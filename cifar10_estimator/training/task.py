@@ -12,9 +12,12 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from cifar10_estimator.config import overlays
-from cifar10_estimator.config.settings import ModelParams, TrainConfig, global_batch
+from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, TOWERS,
+                                               ModelParams, TrainConfig, global_batch,
+                                               steps_together)
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
+from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.distributed import cluster as distributed
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import settings_record
@@ -54,6 +57,10 @@ class Job:
     machine: Machine
     # What an export computes with (the serving precision), on the tasks that export.
     serving_settings: Optional[ModelSettings] = None
+    # A multi-worker all-reduce job's stop at one step for a signal to any task.
+    agreed_stop: Optional[allreduce.AgreedStop] = None
+    # The tf.distribute strategy a training task runs through Estimator (None: towers).
+    strategy: Optional[tf.distribute.Strategy] = None
 
 
 def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
@@ -79,10 +86,17 @@ def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
     return proto
 
 
-def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
-    """The Estimator RunConfig; reads TF_CONFIG for the cluster and this task's role."""
+def run_config(config: TrainConfig, train_distribute: Optional[tf.distribute.Strategy] = None
+               ) -> tf.estimator.RunConfig:
+    """The Estimator RunConfig; reads TF_CONFIG for the cluster and this task's role.
+
+    With ``train_distribute`` Estimator runs a multi-worker strategy's tasks as its
+    distribute coordinator's independent workers (which start their own servers): that
+    RunConfig is only for the Estimator, and its ``task_type`` and ``is_chief`` are not this
+    task's role (every task reads as a chief 'worker'); the role comes from one without.
+    """
     worker_delay = config.max_worker_delay_secs
-    if worker_delay is None and config.sync:
+    if worker_delay is None and steps_together(config):
         # Staggering exists for async updates; a sync step waits for every worker anyway.
         worker_delay = 0
     try:
@@ -106,13 +120,42 @@ def run_config(config: TrainConfig) -> tf.estimator.RunConfig:
             # A worker waits this long for the chief to initialise or restore the model
             # (SessionManager.wait_for_session); Estimator's default is 7200 s.
             session_creation_timeout_secs=config.cluster_timeout_secs,
-            experimental_max_worker_delay_secs=worker_delay)
+            experimental_max_worker_delay_secs=worker_delay,
+            train_distribute=train_distribute)
     except ValueError as e:  # TF_CONFIG that Estimator refuses
         raise UserError(f"TF_CONFIG: {e}; {CLUSTER_HELP}") from None
-    if rc.cluster_spec and rc.task_type in distributed.TRAINER_JOBS:
+    if (rc.cluster_spec and rc.task_type in distributed.TRAINER_JOBS
+            and config.distribution_strategy == TOWERS):
+        # (An all-reduce step talks to every worker: no filters there.)
         rc = rc.replace(session_config=session_config(
             config, distributed.device_filters(rc.task_type, rc.task_id)))
     return rc
+
+
+def worker_index(rc: tf.estimator.RunConfig) -> int:
+    """This training task's place among the cluster's training tasks: the chief 0, worker i
+    i + 1 (its shard of the training records)."""
+    return 0 if rc.task_type in ("chief", "master") else rc.task_id + 1
+
+
+def check_cluster(config: TrainConfig, rc: tf.estimator.RunConfig) -> None:
+    """The cluster of TF_CONFIG (``rc``'s) against --distribution-strategy, in one line."""
+    strategy = config.distribution_strategy
+    in_cluster = rc.task_type in distributed.TRAINER_JOBS and bool(rc.cluster_spec)
+    if strategy == TOWERS and in_cluster and rc.num_worker_replicas > 1 and not rc.num_ps_replicas:
+        raise UserError(f"TF_CONFIG: the cluster has {rc.num_worker_replicas} training tasks "
+                        f"but no 'ps' job; with --distribution-strategy towers workers share "
+                        f"variables through parameter servers (or use --distribution-strategy "
+                        f"multi-worker-mirrored); {CLUSTER_HELP}")
+    if strategy == MIRRORED and in_cluster and rc.num_worker_replicas > 1:
+        raise UserError(f"TF_CONFIG: --distribution-strategy mirrored runs on one machine, and "
+                        f"TF_CONFIG lists {rc.num_worker_replicas} training tasks; use "
+                        f"--distribution-strategy multi-worker-mirrored for a cluster")
+    if strategy == MULTI_WORKER_MIRRORED and rc.num_ps_replicas:
+        raise UserError(f"TF_CONFIG: --distribution-strategy multi-worker-mirrored all-reduces "
+                        f"among the chief and workers, and TF_CONFIG lists "
+                        f"{rc.num_ps_replicas} 'ps' task(s); leave them out, or use "
+                        f"--distribution-strategy towers for parameter servers")
 
 
 def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
@@ -191,22 +234,21 @@ def _log_role(job: Job) -> None:
                  "training runs) and the final one, at global step %d, at once",
                  config.job_dir, config.eval_throttle_secs, config.train_steps)
     elif job.cluster:
+        updates = ("collective all-reduce" if config.distribution_strategy != TOWERS else
+                   "synchronous" if config.sync else "asynchronous")
         log.info("role: %s %d of the cluster %s; %d training task(s), %d ps, %s updates",
                  rc.task_type, rc.task_id, distributed.describe(job.cluster),
-                 rc.num_worker_replicas, rc.num_ps_replicas,
-                 "synchronous" if config.sync else "asynchronous")
+                 rc.num_worker_replicas, rc.num_ps_replicas, updates)
     else:
         log.info("role: local (no cluster in TF_CONFIG)")
 
 
-def prepare(config: TrainConfig, preemption: Preemption, machine: Machine) -> Job:
+def prepare(config: TrainConfig, preemption: Preemption, machine: Machine,
+            strategy: Optional[tf.distribute.Strategy] = None) -> Job:
     """The RunConfig, the data (checked before anything trains) and the model's settings."""
     rc = run_config(config)
     cluster = rc.cluster_spec.as_dict() if rc.cluster_spec else {}
     in_cluster = rc.task_type in distributed.TRAINER_JOBS and bool(cluster)
-    if in_cluster and rc.num_worker_replicas > 1 and not rc.num_ps_replicas:
-        raise UserError(f"TF_CONFIG: the cluster has {rc.num_worker_replicas} training tasks "
-                        f"but no 'ps' job; workers share variables through parameter servers")
     train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training,
                                 networks.AUGMENTATIONS[config.model])
     eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
@@ -220,12 +262,14 @@ def prepare(config: TrainConfig, preemption: Preemption, machine: Machine) -> Jo
     # From here on the run's length is in global steps, whichever flag gave it.
     config = dataclasses.replace(config, train_steps=settings.total_steps)
     job = Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
-               preemption, machine)
+              preemption, machine, agreed_stop=allreduce.AgreedStop(config.job_dir),
+              strategy=strategy)
     _log_role(job)
-    log.info("%s, %s, towers on %s, %d worker(s); %s, %d classes, %d train records, "
+    log.info("%s, %s, %s on %s, %d worker(s); %s, %d classes, %d train records, "
              "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate peaking at "
              "%.4g", networks.describe(config), settings.data_format,
-             ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
+             "towers" if config.distribution_strategy == TOWERS else
+             f"{config.distribution_strategy} replicas", ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
              train_records, settings.steps_per_epoch, settings.total_steps,
              settings.total_steps / settings.steps_per_epoch, config.lr_schedule,
              schedules.peak_learning_rate(settings.params, global_batch(config, num_workers)))

@@ -1,0 +1,261 @@
+"""Collective all-reduce through Estimator (--distribution-strategy mirrored and
+multi-worker-mirrored): the same training as towers, real multi-process clusters on 127.0.0.1
+that train, evaluate, export, survive a kill -9 and stop together for a signal, and one line
+for every combination that cannot work."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator import train
+from cifar10_estimator.config import checks, flags
+from cifar10_estimator.data.pipeline import Cifar10DataSet
+from cifar10_estimator.distributed import allreduce
+from cifar10_estimator.errors import UserError
+from trainer_fixtures import checkpoint_step, run_module, trainer_args, trainer_env, work_dir
+
+ALL_REDUCE = ["--distribution-strategy", "multi-worker-mirrored"]
+
+
+def _weights(checkpoint: str) -> dict:
+    reader = tf.train.load_checkpoint(checkpoint)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith("resnet/") and "moving_" not in name
+            and not name.endswith("/Momentum")}
+
+
+@pytest.mark.slow
+def test_mirrored_on_two_cpu_devices_trains_what_two_towers_train(tiny_records, tmp_path):
+    # From one checkpoint, on the same batches (no augmentation, one seed): the replicas'
+    # all-reduced gradients are the towers' averaged ones, so the weights agree.
+    data_dir, _ = tiny_records
+    common = ["--num-cpu-towers", "2", "--seed", "3", "--use-distortion-for-training", "false",
+              "--eval-throttle-secs", "100000", "--precise-bn-batches", "0"]
+    start = tmp_path / "start"
+    assert train.main(trainer_args(data_dir, start, *common, "--train-steps", "1")) == 0
+    for name in ("towers", "mirrored"):
+        shutil.copytree(start, tmp_path / name)
+        assert train.main(trainer_args(data_dir, tmp_path / name, *common, "--train-steps", "4",
+                                       "--distribution-strategy", name)) == 0
+    towers = _weights(tf.train.latest_checkpoint(tmp_path / "towers"))
+    mirrored = _weights(tf.train.latest_checkpoint(tmp_path / "mirrored"))
+    assert towers.keys() == mirrored.keys() and len(towers) > 10
+    moved = max(float(np.max(np.abs(towers[n] - _weights(
+        tf.train.latest_checkpoint(start))[n]))) for n in towers)
+    differ = max(float(np.max(np.abs(towers[n] - mirrored[n]))) for n in towers)
+    assert moved > 1e-3 and differ < 1e-4 * max(1.0, moved), (moved, differ)
+
+
+def test_training_records_are_sharded_so_workers_read_disjoint_records(tiny_records):
+    data_dir, rows = tiny_records
+    data = Cifar10DataSet(data_dir, "train", use_distortion=False)
+    seen = []
+    for index in range(3):
+        batch = next(iter(data.make_batch(32, seed=1, shard=(3, index))))
+        # The pixels of each record are distinct: a record is its bytes.
+        seen.append({bytes(img.astype(np.uint8).tobytes()) for img in batch[0]["image"].numpy()})
+    assert all(len(s) == 32 for s in seen)
+    assert not (seen[0] & seen[1]) and not (seen[1] & seen[2]) and not (seen[0] & seen[2])
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--distribution-strategy", "mirrored", "--sync"],
+     "--sync: --distribution-strategy mirrored is synchronous already"),
+    ([*ALL_REDUCE, "--variable-strategy", "GPU"],
+     "--variable-strategy GPU: with --distribution-strategy multi-worker-mirrored every replica"),
+    ([*ALL_REDUCE, "--num-cpu-towers", "2"],
+     "--num-cpu-towers: --distribution-strategy multi-worker-mirrored runs one replica per GPU"),
+    ([*ALL_REDUCE, "--precise-bn-batches", "10"],
+     "--precise-bn-batches: not available with --distribution-strategy multi-worker-mirrored"),
+])
+def test_what_a_strategy_cannot_do_is_refused_with_one_line(extra, message):
+    config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", *extra])
+    with pytest.raises(UserError, match="^" + re.escape(message)):
+        checks.validate(config, num_visible_gpus=0)
+
+
+def test_a_multi_worker_job_leaves_precise_batch_norm_off_by_default():
+    config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", *ALL_REDUCE])
+    checks.validate(config, num_visible_gpus=0)
+    assert config.precise_bn_batches == 0
+    assert flags.parse(["--distribution-strategy", "mirrored"])[0].precise_bn_batches == 50
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster,strategy,message", [
+    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+     "multi-worker-mirrored",
+     "TF_CONFIG: --distribution-strategy multi-worker-mirrored all-reduces among the chief and "
+     "workers, and TF_CONFIG lists 1 'ps' task(s)"),
+    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "mirrored",
+     "TF_CONFIG: --distribution-strategy mirrored runs on one machine"),
+    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "towers",
+     "TF_CONFIG: the cluster has 2 training tasks but no 'ps' job"),
+])
+def test_a_cluster_that_does_not_fit_the_strategy_is_one_line(tiny_records, tmp_path, cluster,
+                                                               strategy, message):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    tf_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, job_dir, "--distribution-strategy", strategy),
+        env_extra={"TF_CONFIG": tf_config})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "cifar10_estimator: error: " + message)
+    assert not job_dir.exists()
+
+
+def test_the_launcher_refuses_parameter_servers_for_an_all_reduce_cluster(tmp_path):
+    proc = run_module("cifar10_estimator.cluster", "--num-ps", "1", "--",
+                      *trainer_args(tmp_path, tmp_path / "job", *ALL_REDUCE))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "cifar10_estimator.cluster: error: --num-ps 1: a multi-worker-mirrored cluster "
+        "all-reduces among the chief and workers, without parameter servers")
+
+
+def _task_lines(output: str, task: str) -> list[str]:
+    return [line[len(task) + 3:] for line in output.splitlines()
+            if line.startswith(f"[{task}] ")]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_an_all_reduce_cluster_trains_evaluates_exports_and_ends_on_its_own(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2", "--evaluator",
+         "--", *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", "30",
+                             "--save-checkpoints-steps", "10", "--eval-throttle-secs", "1",
+                             "--progress-secs", "1", "--precision", "auto")],
+        capture_output=True, text=True, timeout=220, cwd=work_dir(), env=trainer_env())
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "Traceback" not in output and " E " not in output, output[-4000:]
+    for task in ("chief", "worker0", "evaluator"):
+        assert f"[cluster] {task}: exit status 0" in output
+    assert "ps0" not in output  # no parameter servers
+    chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
+    assert any("collective all-reduce updates" in line for line in chief)
+    # Synchronous: the job ends at the step asked for, and both workers ran every step.
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 30
+    for lines in (chief, worker):
+        ran = [re.search(r"this task ran (\d+) training steps", line) for line in lines]
+        assert [int(m.group(1)) for m in ran if m] == [30]
+        own, total = map(float, [m for m in (re.search(
+            r"([\d.]+) images/s on average on this worker, cluster ([\d.]+) images/s", line)
+            for line in lines) if m][-1].groups())
+        assert total == pytest.approx(2 * own, rel=0.05)  # a global step: both batches
+    # One precision for the job: the chief's, recorded; the worker follows it.
+    assert any(re.match(r"[\d:]+ precision auto: (fp32|bf16)", line) for line in chief)
+    assert any("precision auto: " in line and "the job's recorded precision" in line
+               for line in worker)
+    evaluator = _task_lines(output, "evaluator")
+    assert any("final evaluation at step 30" in line for line in evaluator)
+    (version,) = os.listdir(job_dir / "export")
+    info = json.loads((job_dir / "export" / version / "assets.extra" / "export.json").read_text())
+    assert info["global_step"] == 30
+    assert not (job_dir / allreduce.STOP_FILE).exists()
+
+
+def _worker_pid(log_text: str, after: int = 0) -> int:
+    pids = [int(p) for p in re.findall(r"\[cluster\] started worker0 \(pid (\d+)\)", log_text)]
+    return pids[-1] if len(pids) > after else 0
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(400)
+def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
+        tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    log = tmp_path / "cluster.log"
+    with open(log, "w") as out:
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2", "--",
+             *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", "800",
+                           "--save-checkpoints-steps", "100", "--eval-throttle-secs", "100000",
+                           "--progress-secs", "1")],
+            stdout=out, stderr=subprocess.STDOUT, cwd=work_dir(), env=trainer_env())
+    try:
+        def wait_for(pattern, since=0, timeout=150):
+            deadline = time.monotonic() + timeout
+            while not re.search(pattern, log.read_text()[since:]):
+                assert cluster.poll() is None and time.monotonic() < deadline, (
+                    log.read_text()[-4000:])
+                time.sleep(0.2)
+            return len(log.read_text())
+
+        # kill -9 of the worker after a checkpoint: the job restarts from it.
+        seen = wait_for(r"\[chief\] .*Saving checkpoints for 200 ")
+        os.kill(_worker_pid(log.read_text()), signal.SIGKILL)
+        seen = wait_for(r"\[chief\] .*exits with status 143 for a restart of the job, which "
+                        r"resumes from \S+model\.ckpt-(\d+)", seen)
+        resumed = int(re.findall(r"resumes from \S+model\.ckpt-(\d+)", log.read_text())[-1])
+        assert resumed >= 200
+        seen = wait_for(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{resumed}", seen)
+        # SIGTERM to the worker: every task stops at one agreed step, the chief saves it.
+        seen = wait_for(r"\[worker0\] .*step \d+/800", seen)
+        os.kill(_worker_pid(log.read_text(), after=1), signal.SIGTERM)
+        seen = wait_for(r"\[chief\] .*stopped with the job \(another task received a signal\) "
+                        r"at step (\d+): saved", seen)
+        text = log.read_text()
+        agreed = int(re.findall(r"stopped with the job \(another task received a signal\) at "
+                                r"step (\d+)", text)[-1])
+        assert re.search(rf"\[worker0\] .*received SIGTERM at step {agreed}:", text), text[-3000:]
+        assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == agreed
+        assert cluster.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if cluster.poll() is None:
+            cluster.send_signal(signal.SIGINT)
+            cluster.wait(timeout=60)
+    text = log.read_text()
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 800
+    assert "[cluster] training finished" in text and "Traceback" not in text
+    assert re.search(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{agreed}", text)
+
+
+ALL_REDUCE_MANIFEST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                   "k8s", "tfjob-allreduce.yaml")
+OPERATOR_CRD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "shared", "k8s", "kubeflow.org_tfjobs.yaml")
+
+
+def test_the_all_reduce_manifest_is_a_tfjob_of_chief_workers_and_evaluator_only():
+    import jsonschema
+    import yaml
+
+    with open(ALL_REDUCE_MANIFEST) as f:
+        (job,) = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "TFJob"]
+    schema_path = os.path.join(os.path.dirname(ALL_REDUCE_MANIFEST), "tfjob.schema.json")
+    with open(schema_path) as f:
+        jsonschema.Draft202012Validator(json.load(f)).validate(job)
+    if os.path.isfile(OPERATOR_CRD):  # the operator's own CRD, where it is provided
+        with open(OPERATOR_CRD) as f:
+            crd = yaml.safe_load(f)
+        version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+        jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"]).validate(job)
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert set(specs) == {"Chief", "Worker", "Evaluator"}  # no PS
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+    parser = flags.build_parser()
+    for name, spec in specs.items():
+        assert spec["restartPolicy"] == "ExitCode"  # 143: the job restarts whole
+        (container,) = spec["template"]["spec"]["containers"]
+        args = parser.parse_args(container["args"])
+        assert args.distribution_strategy == "multi-worker-mirrored"
+        config, _ = flags.parse(container["args"])
+        checks.validate(config, num_visible_gpus=0)
