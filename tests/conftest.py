@@ -1,4 +1,9 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures and the suite's own checks.
+
+Every process the suite starts, and the suite itself, runs in a temporary work folder
+(``work_folder``), never in the checkout; a run that leaves the checkout changed (``git status``
+differs from the start: new, changed or deleted files, untracked ones included) fails, naming
+the paths.
 
 Data generator: ``make_cifar_dir`` writes tiny CIFAR-10 python batches (real pickle format),
 ``make_cifar_tarball`` packs them as the official archive is packed, ``http_server`` serves
@@ -10,6 +15,7 @@ import hashlib
 import http.server
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -26,8 +32,89 @@ from cifar10_estimator.platform import cpu
 # chose (cpu.prefer_onednn). Run with TF_ENABLE_ONEDNN_OPTS=0 to test the Eigen kernels that an
 # AVX2-only CPU gets by default; tests that need oneDNN check cpu.onednn_enabled().
 cpu.prefer_onednn(os.environ)
+# Two logical CPU devices in the suite's own TensorFlow runtime, set before it starts: the
+# tests that run a mirrored strategy in this process place their replicas there.
+from cifar10_estimator.model import towers  # noqa: E402
 
-from trainer_fixtures import REPO, tiny_records  # noqa: F401  (trainer fixtures)
+towers.ensure_logical_cpus(2)
+
+import trainer_fixtures
+from trainer_fixtures import REPO, tiny_export, tiny_records  # noqa: F401  (fixtures)
+
+
+# --- the checkout stays clean ---------------------------------------------------------------------
+
+_STATUS_AT_START = pytest.StashKey[list | None]()
+_CHECKOUT_CHANGES = pytest.StashKey[list]()
+
+
+def _git_status() -> list[str] | None:
+    """``git status --porcelain`` of the checkout, untracked files listed one by one; None
+    where there is no git or no repository to ask."""
+    if not shutil.which("git") or not os.path.exists(os.path.join(REPO, ".git")):
+        return None
+    try:
+        proc = subprocess.run(["git", "-C", REPO, "status", "--porcelain",
+                               "--untracked-files=all"], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.splitlines() if proc.returncode == 0 else None
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stash[_STATUS_AT_START] = _git_status()
+
+
+def _changes(before: list[str], after: list[str]) -> list[str]:
+    """What a test run did to the checkout, from ``git status --porcelain`` lines (``XY
+    path``) before and after: paths that are new in the status (a file written, changed or
+    deleted), files deleted meanwhile, and untracked files that are gone. Statuses that only
+    moved between index and work tree (someone's ``git add`` or commit meanwhile) are not the
+    suite's doing."""
+    was = {line[3:]: line[:2] for line in before}
+    now = {line[3:]: line[:2] for line in after}
+    changes = [f"  new or changed: {status} {path}" for path, status in sorted(now.items())
+               if path not in was]
+    changes += [f"  deleted: {status} {path}" for path, status in sorted(now.items())
+                if path in was and "D" in status and "D" not in was[path]]
+    changes += [f"  deleted: {status} {path}" for path, status in sorted(was.items())
+                if status == "??" and path not in now
+                and not os.path.lexists(os.path.join(REPO, path))]
+    return changes
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    before = session.config.stash.get(_STATUS_AT_START, None)
+    after = _git_status() if before is not None else None
+    changes = _changes(before, after) if after is not None else []
+    if not changes:
+        return
+    session.config.stash[_CHECKOUT_CHANGES] = [
+        f"the test run changed the checkout {REPO} (git status --porcelain):", *changes]
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    lines = terminalreporter.config.stash.get(_CHECKOUT_CHANGES, None)
+    if lines:
+        terminalreporter.section("the checkout changed", sep="=", red=True, bold=True)
+        for line in lines:
+            terminalreporter.write_line(line, red=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def work_folder(tmp_path_factory):
+    """The session's temporary work folder: the current folder of the suite and of every
+    process it starts (``trainer_fixtures.work_dir()``), so nothing runs in the checkout."""
+    folder = str(tmp_path_factory.mktemp("work"))
+    before = os.getcwd()
+    trainer_fixtures.set_work_dir(folder)
+    os.chdir(folder)
+    yield folder
+    os.chdir(before)
+    trainer_fixtures.set_work_dir(None)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -187,9 +274,10 @@ def closed_port_url():
 
 
 def run_generator_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs ``python tools/generate_tfrecords.py ARGS`` from the repository root."""
+    """Runs ``python REPO/tools/generate_tfrecords.py ARGS`` in the session's work folder."""
     return subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py"),
-                           *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+                           *args], cwd=trainer_fixtures.work_dir(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def listing(path) -> list[str]:

@@ -8,11 +8,13 @@ after short runs. ``schedules.batch_norm_decay_schedule`` makes the decay grow w
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import resnet, schedules
+from trainer_fixtures import trainer_args
 
 
 def _accuracies(checkpoint: str, images: np.ndarray, labels: np.ndarray) -> dict:
@@ -40,6 +42,7 @@ def test_decay_grows_with_the_step_and_reaches_the_flag_value():
     np.testing.assert_allclose(values, [0.1, 11 / 20, 101 / 110, 0.997, 0.997], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_short_run_on_bright_images_evaluates_as_well_as_it_trains(tmp_path):
     data_dir = str(tmp_path / "data")
     # Bright pictures (pixel mean ~185 of 255, far from the statistics' start values) whose
@@ -57,10 +60,10 @@ def test_a_short_run_on_bright_images_evaluates_as_well_as_it_trains(tmp_path):
                 writer.write(schema.encode_example(image.tobytes(), int(label)))
     job_dir = str(tmp_path / "job")
     # Default learning rate and batch-norm decay: what a user's first short run gets.
-    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", "8",
-                       "--train-batch-size", "64", "--eval-batch-size", "64",
-                       "--train-steps", "300", "--eval-throttle-secs", "100000",
-                       "--use-distortion-for-training=false", "--seed", "0"])
+    result = train.run(trainer_args(data_dir, job_dir, "--train-batch-size", "64",
+                                    "--eval-batch-size", "64", "--train-steps", "300",
+                                    "--eval-throttle-secs", "100000",
+                                    "--use-distortion-for-training=false", "--seed", "0"))
     eval_images = images.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
     accuracy = _accuracies(tf.train.latest_checkpoint(job_dir), eval_images[:160], labels[:160])
     assert accuracy["train"] >= 0.9, accuracy  # the network did learn the classes

@@ -12,7 +12,7 @@ from cifar10_estimator import train
 from cifar10_estimator.model import model_fn
 from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.serving import best_export, export
-from trainer_fixtures import TINY_FLAGS, checkpoint_of
+from trainer_fixtures import checkpoint_of, trainer_args
 
 
 def _metrics(path: str) -> dict:
@@ -56,13 +56,14 @@ def test_a_checkpoint_deleted_before_its_export_is_skipped_with_one_line(tmp_pat
     assert not best._versions()
 
 
+@pytest.mark.slow
 def test_a_local_run_exports_its_best_evaluation_and_the_final_export_says_its_metrics(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-                       "--train-steps", "9", "--save-checkpoints-steps", "3",
-                       "--eval-throttle-secs", "0", "--export-best"])
+    result = train.run(trainer_args(data_dir, job_dir, "--train-steps", "9",
+                                    "--save-checkpoints-steps", "3", "--eval-throttle-secs", "0",
+                                    "--export-best"))
     # Every evaluation Estimator ran, as it wrote them for TensorBoard.
     evaluations = {}
     for path in glob.glob(os.path.join(job_dir, "eval", "events.*")):

@@ -6,7 +6,7 @@ import pytest
 
 from cifar10_estimator import train
 from cifar10_estimator.config import flags
-from trainer_fixtures import TINY_FLAGS, run_module
+from trainer_fixtures import run_module, trainer_args
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -32,7 +32,7 @@ def test_invalid_flags_give_one_line_naming_the_flag_and_write_nothing(
         flags, message, tiny_records, tmp_path, capsys):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    status = train.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *flags])
+    status = train.main(trainer_args(data_dir, job_dir, *flags))
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert message in err[-1] and err[-1].startswith("cifar10_estimator: error:")
@@ -40,8 +40,7 @@ def test_invalid_flags_give_one_line_naming_the_flag_and_write_nothing(
 
 
 def test_missing_records_name_the_generator_command(tmp_path, capsys):
-    status = train.main(["--data-dir", str(tmp_path), "--job-dir", str(tmp_path / "job"),
-                        *TINY_FLAGS])
+    status = train.main(trainer_args(tmp_path, tmp_path / "job"))
     err = capsys.readouterr().err
     assert status == 2 and "train.tfrecords not found" in err and "generate_tfrecords" in err
     assert not (tmp_path / "job").exists()
@@ -59,9 +58,10 @@ def test_booleans_are_real_booleans():
         parse(["--use-distortion-for-training=maybe"])
 
 
+@pytest.mark.slow
 def test_a_user_mistake_in_a_real_process_prints_no_traceback(tmp_path):
-    proc = run_module("cifar10_estimator", "--data-dir", str(tmp_path), "--job-dir",
-                      str(tmp_path / "job"), "--num-layers", "10")
+    proc = run_module("cifar10_estimator", *trainer_args(tmp_path, tmp_path / "job",
+                                                          "--num-layers", "10"))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -22,7 +22,7 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.training import task
 from cifar10_estimator.distributed import evaluator, launcher
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
+from trainer_fixtures import checkpoint_step, trainer_args
 
 _EVAL = re.compile(r"\bevaluation at step (\d+):")
 _CHECKPOINT = re.compile(r"Saving checkpoints for (\d+) ")
@@ -38,11 +38,13 @@ def operator_tf_configs(with_evaluator: bool = True) -> dict[str, str]:
 
 
 class Task:
-    """One replica: a process with its own TF_CONFIG and a log file, restartable."""
+    """One replica: a process with its own TF_CONFIG and a log file, restartable. It runs in
+    the test's own folder (``log_dir``, the test's tmp_path), never in the checkout."""
 
     def __init__(self, name: str, tf_config: str, args: list[str], log_dir):
         self.name, self.tf_config, self.args = name, tf_config, args
         self.log = log_dir / f"{name}.log"
+        self.cwd = log_dir
         self.process = None
         self.exited_at = None
 
@@ -54,7 +56,7 @@ class Task:
             log.flush()
             self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator",
                                              *self.args], env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, cwd=REPO)
+                                            stderr=subprocess.STDOUT, cwd=self.cwd)
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -99,14 +101,12 @@ def _checkpoints_saved(task: Task) -> list[int]:
     return [int(v) for v in _CHECKPOINT.findall(task.text())]
 
 
-def _flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
-    return ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, *extra]
-
-
 def _exported(job_dir: str) -> list[str]:
     return os.listdir(os.path.join(job_dir, "export"))
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_checkpoint(
         tiny_records, tmp_path):
     # Default cadence: checkpoints every 600 s, evaluations at most every 600 s, workers
@@ -114,7 +114,7 @@ def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_ch
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     configs = operator_tf_configs()
-    flags = _flags(data_dir, job_dir, "--train-steps", "60", "--export-best")
+    flags = trainer_args(data_dir, job_dir, "--train-steps", "60", "--export-best")
     tasks = [Task("ps", configs["ps"], [], tmp_path), Task("chief", configs["chief"], flags,
                                                             tmp_path),
              Task("worker", configs["worker"], flags, tmp_path),
@@ -150,6 +150,7 @@ def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_ch
     assert "role: chief 0 of the cluster" in chief.text()
 
 
+@pytest.mark.slow
 def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_records, tmp_path):
     # As with --keep-checkpoint-max: the chief deletes an old checkpoint just after the
     # evaluator found it and before it restored it. Here the evaluation's input_fn does the
@@ -157,8 +158,8 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
     data_dir, _ = tiny_records
     source = str(tmp_path / "source")
 
-    train.run(_flags(data_dir, source, "--train-steps", "4", "--save-checkpoints-steps", "2",
-                    "--eval-throttle-secs", "100000"))
+    train.run(trainer_args(data_dir, source, "--train-steps", "4", "--save-checkpoints-steps",
+                           "2", "--eval-throttle-secs", "100000"))
     job_dir = str(tmp_path / "job")
     os.makedirs(job_dir)
 
@@ -211,26 +212,39 @@ def _start_until_a_second_checkpoint(tasks: list[Task], chief: Task) -> None:
     _wait_for(lambda: len(_checkpoints_saved(chief)) >= 2, "a second checkpoint", tasks)
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_a_parameter_server_killed_and_restarted_mid_run_the_job_still_finishes(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    flags = _flags(data_dir, job_dir, "--train-steps", "800", "--save-checkpoints-steps", "100",
-                   "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "60")
+    # 400 steps: the kill comes at the second checkpoint (step 100), and nothing trains while
+    # the parameter server is away.
+    flags = trainer_args(data_dir, job_dir, "--train-steps", "400", "--save-checkpoints-steps",
+                         "100", "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "60")
     tasks = _cluster(tmp_path, flags, with_evaluator=False)
     ps, chief, worker = tasks
     try:
         _start_until_a_second_checkpoint(tasks, chief)
         assert chief.poll() is None, "training ended before the kill"
-        ps.kill()
-        time.sleep(1)
-        ps.start()  # same command, same address: what Kubernetes does with the pod
+        # The worker sits out the outage frozen, and goes on once the chief has put the
+        # variables back: a worker that looks for them earlier naps 30 s (TensorFlow's
+        # recovery wait) before it looks again.
+        worker.process.send_signal(signal.SIGSTOP)
+        try:
+            ps.kill()
+            time.sleep(1)
+            ps.start()  # same command, same address: what Kubernetes does with the pod
+            _wait_for(lambda: "Restoring parameters from" in chief.text(),
+                      "the chief's recovery", tasks)
+        finally:
+            worker.process.send_signal(signal.SIGCONT)
         _wait_all(tasks, timeout=180)
     finally:
         _stop_all(tasks)
     for t in tasks:
         assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
-    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 800
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 400
     # The chief put the latest checkpoint back into the new parameter server (its job dir
     # was empty at start, so every restore is the recovery).
     assert chief.text().count("Restoring parameters from") >= 1, chief.text()[-3000:]
@@ -238,13 +252,17 @@ def test_a_parameter_server_killed_and_restarted_mid_run_the_job_still_finishes(
     assert len(_exported(job_dir)) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees_the_end(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    flags = _flags(data_dir, job_dir, "--train-steps", "1200", "--save-checkpoints-steps",
-                   "100", "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "60",
-                   "--eval-throttle-secs", "5")
+    steps = 400
+    flags = trainer_args(data_dir, job_dir, "--train-steps", str(steps),
+                         "--save-checkpoints-steps", "100", "--max-worker-delay-secs", "0",
+                         "--cluster-timeout-secs", "60", "--eval-throttle-secs", "5",
+                         "--progress-secs", "1")
     tasks = _cluster(tmp_path, flags, with_evaluator=True)
     ps, chief, worker, ev = tasks
     try:
@@ -258,13 +276,23 @@ def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees
                   "checkpoints of the restarted chief", tasks)
         worker.kill()
         worker.start()
+        # The restarted worker must rejoin before the job ends: the chief (which would go on
+        # alone) is frozen until the worker trains again (its progress line, a second after
+        # its first step), then goes on. Only the worker's own steps count meanwhile.
+        chief.process.send_signal(signal.SIGSTOP)
+        try:
+            _wait_for(lambda: re.search(rf"step \d+/{steps} \(",
+                                        worker.text().split("---- start")[-1]),
+                      "training by the restarted worker", tasks)
+        finally:
+            chief.process.send_signal(signal.SIGCONT)
         _wait_all(tasks, timeout=240)
     finally:
         _stop_all(tasks)
     for t in tasks:
         assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
     final = checkpoint_step(tf.train.latest_checkpoint(job_dir))
-    assert final >= 1200
+    assert final >= steps
     # The final checkpoint is named after the step it holds, though the worker's last update
     # can land while the chief recomputes the batch-norm statistics before that save.
     assert tf.train.load_variable(tf.train.latest_checkpoint(job_dir), "global_step") == final
@@ -276,16 +304,19 @@ def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees
     # The evaluator's final evaluation is of the first checkpoint at or past --train-steps;
     # asynchronously the chief can still save one a step later (a worker's last update).
     evaluated = [int(v) for v in re.findall(r"final evaluation at step (\d+)", ev.text())]
-    assert len(evaluated) == 1 and 1200 <= evaluated[0] <= final, (evaluated, final)
+    assert len(evaluated) == 1 and steps <= evaluated[0] <= final, (evaluated, final)
     assert len(_exported(job_dir)) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_a_parameter_server_that_never_comes_back_ends_every_trainer_with_one_line(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    flags = _flags(data_dir, job_dir, "--train-steps", "100000", "--save-checkpoints-steps",
-                   "100", "--max-worker-delay-secs", "0", "--cluster-timeout-secs", "5")
+    flags = trainer_args(data_dir, job_dir, "--train-steps", "100000",
+                         "--save-checkpoints-steps", "50", "--max-worker-delay-secs", "0",
+                         "--cluster-timeout-secs", "5")
     tasks = _cluster(tmp_path, flags, with_evaluator=False)
     ps, chief, worker = tasks
     try:

@@ -11,7 +11,7 @@ import pytest
 from cifar10_estimator import train
 from cifar10_estimator.platform import cpu, precision
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import TINY_FLAGS, run_module
+from trainer_fixtures import run_module, trainer_args
 
 # Abridged /proc/cpuinfo of the two kinds: an AVX2-only AMD Zen 3 and an AVX-512 Zen 5.
 ZEN3 = """processor\t: 0
@@ -105,8 +105,8 @@ def test_the_trainer_refuses_bf16_on_an_avx2_cpu_at_once(tiny_records, tmp_path,
     monkeypatch.setattr(cpu, "read_cpu_info", lambda: cpu.parse_cpuinfo(ZEN3))
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    status = train.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
-                        "--train-steps", "2", "--precision", "bf16"])
+    status = train.main(trainer_args(data_dir, job_dir, "--train-steps", "2",
+                                     "--precision", "bf16"))
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and "Traceback" not in "\n".join(err)
     assert err[-1].startswith("cifar10_estimator: error: --precision bf16: this CPU "
@@ -114,24 +114,25 @@ def test_the_trainer_refuses_bf16_on_an_avx2_cpu_at_once(tiny_records, tmp_path,
     assert not job_dir.exists()
 
 
+@pytest.mark.slow
 def test_auto_on_an_avx2_cpu_trains_in_fp32_and_says_why(tiny_records, tmp_path, capsys,
                                                          monkeypatch):
     monkeypatch.setattr(cpu, "read_cpu_info", lambda: cpu.parse_cpuinfo(ZEN3))
     data_dir, _ = tiny_records
-    status = train.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
-                        *TINY_FLAGS, "--train-steps", "2", "--precision", "auto",
-                        "--eval-throttle-secs", "1"])
+    status = train.main(trainer_args(data_dir, tmp_path / "job", "--train-steps", "2",
+                                     "--precision", "auto", "--eval-throttle-secs", "1"))
     err = capsys.readouterr().err
     assert status == 0
     assert "CPU: AMD EPYC 7B13 (avx2 fma; no avx512f" in err
     assert "precision auto: fp32: this CPU has no native bfloat16" in err
 
 
+@pytest.mark.slow
 def test_channels_first_with_onednn_switched_off_is_one_line_not_a_trace(tiny_records, tmp_path):
     data_dir, _ = tiny_records
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-                      str(tmp_path / "job"), *TINY_FLAGS, "--data-format", "channels_first",
-                      env_extra={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, tmp_path / "job", "--data-format", "channels_first"),
+        env_extra={"TF_ENABLE_ONEDNN_OPTS": "0"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "cifar10_estimator: error: --data-format channels_first on a CPU needs TensorFlow's "
@@ -140,13 +141,14 @@ def test_channels_first_with_onednn_switched_off_is_one_line_not_a_trace(tiny_re
     assert not os.path.exists(tmp_path / "job")
 
 
+@pytest.mark.slow
 def test_the_command_line_turns_onednn_on_when_the_user_has_not_chosen(tiny_records, tmp_path):
     # The CLI's first lines name the CPU and oneDNN's state; unset -> on, on every x86 CPU.
     data_dir, _ = tiny_records
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-                      str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "1",
-                      "--eval-throttle-secs", "1", env_extra={}, env=env)
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, tmp_path / "job", "--train-steps", "1", "--eval-throttle-secs", "1"),
+        env_extra={}, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "; oneDNN on" in proc.stderr
 

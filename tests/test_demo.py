@@ -3,7 +3,11 @@
 import os
 import re
 
+import pytest
+
 from trainer_fixtures import run_module
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_demo_runs_and_its_rerun_skips_the_finished_work(tmp_path):

@@ -21,7 +21,7 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.training.task import model_settings
 from cifar10_estimator.distributed import launcher
 from cifar10_estimator.config.settings import TrainConfig
-from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_step
+from trainer_fixtures import checkpoint_step, run_cluster, trainer_args
 
 STEPS = 40
 _RAN = re.compile(r"this task ran (\d+) training steps")
@@ -33,17 +33,10 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
 
 
-def _trainer_flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
-    return ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-            "--train-steps", str(STEPS), "--save-checkpoints-steps", "10",
-            "--eval-throttle-secs", "1", "--max-worker-delay-secs", "0",
-            "--cluster-timeout-secs", "60", "--seed", "1", *extra]
-
-
-def _launch(*args: str, timeout: int = 240) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.cluster", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=_env())
-    return proc.returncode, proc.stdout + proc.stderr
+# The clusters' run: STEPS steps, a checkpoint every 10, evaluations as often as they come.
+CLUSTER_RUN = ["--train-steps", str(STEPS), "--save-checkpoints-steps", "10",
+               "--eval-throttle-secs", "1", "--max-worker-delay-secs", "0",
+               "--cluster-timeout-secs", "60", "--seed", "1"]
 
 
 def _task_lines(output: str, task: str) -> list[str]:
@@ -80,12 +73,15 @@ def _assert_evaluated_final(output: str, final_step: int) -> None:
     assert any(f"final evaluation at step {final_step}" in line for line in lines)
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    code, output = _launch("--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
-                           *_trainer_flags(data_dir, job_dir, "--precision", "auto"))
+    code, output = run_cluster(["--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
+                                *trainer_args(data_dir, job_dir, *CLUSTER_RUN,
+                                              "--precision", "auto")], tmp_path / "cluster.log")
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
     # One precision for the whole job: the chief's choice, recorded; the others follow it.
     chosen = [found.groups() for task in ("chief", "worker0", "evaluator")
@@ -111,12 +107,15 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
     _assert_evaluated_final(output, final)
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stall(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    code, output = _launch("--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
-                           *_trainer_flags(data_dir, job_dir, "--sync"))
+    code, output = run_cluster(["--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
+                                *trainer_args(data_dir, job_dir, *CLUSTER_RUN, "--sync")],
+                               tmp_path / "cluster.log")
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
 
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == STEPS  # no overshoot in sync
@@ -136,15 +135,17 @@ def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stal
     _assert_evaluated_final(output, STEPS)
 
 
+@pytest.mark.slow
 def test_sync_on_one_machine_ends_without_the_shutdown_stall(tiny_records, tmp_path):
     # Upstream §8.8: a local --sync run sat out 120 s after its last step on TF 2.15.
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-         job_dir, *TINY_FLAGS, "--train-steps", "12", "--save-checkpoints-steps", "6", "--sync"],
-        capture_output=True, text=True, timeout=150, cwd=REPO, env=_env())
+        [sys.executable, "-m", "cifar10_estimator",
+         *trainer_args(data_dir, job_dir, "--train-steps", "12", "--save-checkpoints-steps", "6",
+                       "--sync")],
+        capture_output=True, text=True, timeout=150, cwd=tmp_path, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 12
     assert "Traceback" not in proc.stderr and "threads still running" not in proc.stderr
@@ -152,10 +153,11 @@ def test_sync_on_one_machine_ends_without_the_shutdown_stall(tiny_records, tmp_p
 
 
 def _start(task: launcher.Task, args: list[str], log_path) -> subprocess.Popen:
+    """One task, in the folder of its log (the test's tmp_path)."""
     env = dict(_env(), TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
         return subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                                stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent)
 
 
 def _wait_for_line(path, text: str, process: subprocess.Popen, timeout: float) -> None:
@@ -168,22 +170,31 @@ def _wait_for_line(path, text: str, process: subprocess.Popen, timeout: float) -
     raise AssertionError(f"{text!r} not seen in {path}:\n{path.read_text()[-3000:]}")
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    steps = 300
+    steps = 150
     ps, chief, worker = launcher.plan(num_workers=2, num_ps=1, evaluator=False)
-    flags = _trainer_flags(data_dir, job_dir, "--cluster-timeout-secs", "10",
-                           "--save-checkpoints-steps", "50", "--progress-secs", "0.5")
-    flags[flags.index("--train-steps") + 1] = str(steps)
+    flags = trainer_args(data_dir, job_dir, *CLUSTER_RUN, "--cluster-timeout-secs", "10",
+                         "--save-checkpoints-steps", "50", "--progress-secs", "0.5",
+                         "--train-steps", str(steps))
     logs = {name: tmp_path / f"{name}.log" for name in ("ps", "chief", "worker")}
-    # A parameter server needs no flags at all.
-    processes = {"ps": _start(ps, ["--cluster-timeout-secs", "10"], logs["ps"])}
+    # A parameter server needs no flags at all; it waits this long for a dead worker's report.
+    processes = {"ps": _start(ps, ["--cluster-timeout-secs", "5"], logs["ps"])}
     processes["chief"] = _start(chief, flags, logs["chief"])
     processes["worker"] = _start(worker, flags, logs["worker"])
     try:
-        # A progress line: the worker is training (its end-of-run line also says images/s).
-        _wait_for_line(logs["worker"], "images/s, ETA", processes["worker"], timeout=120)
+        # A progress line: the task is training (its end-of-run line also says images/s).
+        # The chief is frozen once it trains, until the worker trains too: the run cannot end
+        # before the kill, however late the worker starts.
+        _wait_for_line(logs["chief"], "images/s, ETA", processes["chief"], timeout=120)
+        processes["chief"].send_signal(signal.SIGSTOP)
+        try:
+            _wait_for_line(logs["worker"], "images/s, ETA", processes["worker"], timeout=120)
+        finally:
+            processes["chief"].send_signal(signal.SIGCONT)
         assert processes["chief"].poll() is None, "the chief finished before the kill"
         processes["worker"].send_signal(signal.SIGKILL)
         assert processes["chief"].wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
@@ -206,6 +217,7 @@ def _closed_ports(count: int) -> list[int]:
     return launcher.free_ports(count)  # free a moment ago, and nobody listens
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
@@ -222,9 +234,9 @@ def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
     started = time.monotonic()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-             str(tmp_path / "job"), *TINY_FLAGS, "--cluster-timeout-secs", "2"],
-            capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+            [sys.executable, "-m", "cifar10_estimator",
+             *trainer_args(data_dir, tmp_path / "job", "--cluster-timeout-secs", "2")],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     finally:
         listener.close()
     assert proc.returncode == 2
@@ -236,6 +248,8 @@ def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_a_worker_that_does_not_see_the_chiefs_job_dir_fails_clearly(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     # A real parameter server (in this process) answers; the chief writes elsewhere.
@@ -246,21 +260,23 @@ def test_a_worker_that_does_not_see_the_chiefs_job_dir_fails_clearly(tiny_record
     env = dict(_env(), TF_CONFIG=launcher.tf_config(spec, "worker", 0))
     job_dir = str(tmp_path / "not-shared")
     proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-         job_dir, *TINY_FLAGS, "--cluster-timeout-secs", "2"],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+        [sys.executable, "-m", "cifar10_estimator",
+         *trainer_args(data_dir, job_dir, "--cluster-timeout-secs", "2")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     assert f"no checkpoint from the chief appeared in --job-dir {job_dir}" in error
     assert "same --job-dir" in error and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_the_launcher_stops_every_task_and_fails_when_one_task_fails(tmp_path):
     empty = tmp_path / "no-records"
     empty.mkdir()
-    code, output = _launch("--num-workers", "2", "--num-ps", "1", "--",
-                           "--data-dir", str(empty), "--job-dir", str(tmp_path / "job"),
-                           *TINY_FLAGS, timeout=120)
+    code, output = run_cluster(["--num-workers", "2", "--num-ps", "1", "--",
+                                *trainer_args(empty, tmp_path / "job")],
+                               tmp_path / "cluster.log", timeout=120)
     assert code == 1
     assert re.search(r"\[cluster\] (chief|worker0) failed with exit status 2", output), output
     assert "[cluster] ps0: stopped" in output  # the ps was serving; the launcher ended it

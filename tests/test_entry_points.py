@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cifar10_estimator import __version__
-from trainer_fixtures import REPO
+from trainer_fixtures import REPO, work_dir
 
 BIN = os.path.dirname(sys.executable)
 COMMANDS = {
@@ -24,7 +24,7 @@ COMMANDS = {
 
 def _help(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+                          cwd=work_dir())
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -42,7 +42,7 @@ def test_the_module_and_the_console_script_both_answer(name):
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=work_dir())
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -82,6 +82,7 @@ def test_help_shows_defaults_groups_and_examples():
     assert "(default: 3)" in " ".join(_help(COMMANDS["predict"][0]).stdout.split())
 
 
+@pytest.mark.slow
 def test_flag_files_hold_flags_with_comments_and_later_flags_win(tmp_path):
     from cifar10_estimator.config import flags
 

@@ -21,7 +21,7 @@ from cifar10_estimator import train
 from cifar10_estimator.data import metadata, schema, writer
 from cifar10_estimator.platform import cpu
 from conftest import md5, run_generator_cli
-from trainer_fixtures import REPO, TINY_FLAGS, bomb_png, checkpoint_step, run_module
+from trainer_fixtures import bomb_png, checkpoint_step, run_module, trainer_args
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 
@@ -42,13 +42,14 @@ def _copy_records(tiny_records, tmp_path) -> str:
     return data_dir
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     interval = 2
-    flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-             "--save-checkpoints-steps", str(interval), "--eval-throttle-secs", "100000",
-             "--train-steps", "100000", "--progress-secs", "0.2"]
+    flags = trainer_args(data_dir, job_dir, "--save-checkpoints-steps", str(interval),
+                         "--eval-throttle-secs", "100000", "--train-steps", "100000",
+                         "--progress-secs", "0.2")
     rng = random.Random(7)  # repeatable kill times; with a checkpoint every 2 steps, several
     # of them land while a checkpoint is being written
     resumed = []
@@ -56,13 +57,15 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
         log_path = tmp_path / "run.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *flags],
-                                    cwd=REPO, stdout=log, stderr=log)
-            deadline = time.time() + 120
-            while time.time() < deadline and not STEP.search(log_path.read_text()):
-                time.sleep(0.1)  # training is under way
-            time.sleep(rng.uniform(0.0, 1.5))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+                                    cwd=tmp_path, stdout=log, stderr=log)
+            try:
+                deadline = time.time() + 120
+                while time.time() < deadline and not STEP.search(log_path.read_text()):
+                    time.sleep(0.1)  # training is under way
+                time.sleep(rng.uniform(0.0, 1.5))
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
         logged = [int(s) for s in STEP.findall(log_path.read_text())]
         latest = tf.train.latest_checkpoint(job_dir)
         assert latest, "a killed run left no usable checkpoint"
@@ -76,12 +79,16 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
     flags[flags.index("--train-steps") + 1] = str(final)
     proc = run_module("cifar10_estimator", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # (This run is also what tests/test_train.py once checked after a kill at a checkpoint:
+    # it resumes from the latest one, trains to the new end and evaluates there.)
     assert f"resuming from {job_dir}/model.ckpt-{resumed[-1]}" in proc.stderr
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == final
+    assert f"final evaluation at step {final}" in proc.stderr
     export_dir = os.path.join(job_dir, "export")
     assert all(name.isdigit() for name in os.listdir(export_dir))  # no half-written export
 
 
+@pytest.mark.slow
 def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
     data_dir = _copy_records(tiny_records, tmp_path)
     path = schema.record_path(data_dir, "train")
@@ -93,27 +100,29 @@ def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
     with open(os.path.join(data_dir, metadata.METADATA_FILENAME), "w") as f:
         json.dump({"format": 1, "counts": {"train": 96, "validation": 16, "eval": 37},
                    "source": "test", "label_names": list(schema.CLASS_NAMES)}, f)
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-                      str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "5")
+    proc = run_module("cifar10_estimator",
+                      *trainer_args(data_dir, tmp_path / "job", "--train-steps", "5"))
     _one_line_error(proc, f"{path} is truncated or corrupt", "generate_tfrecords.py")
 
 
+@pytest.mark.slow
 def test_truncated_eval_records_name_the_file(tiny_records, tmp_path):
     data_dir = _copy_records(tiny_records, tmp_path)
     path = schema.record_path(data_dir, "eval")
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 100)
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-                      str(tmp_path / "job"), *TINY_FLAGS, "--train-steps", "3")
+    proc = run_module("cifar10_estimator",
+                      *trainer_args(data_dir, tmp_path / "job", "--train-steps", "3"))
     _one_line_error(proc, f"{path} is truncated or corrupt")
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
-                      *TINY_FLAGS, "--learning-rate", "1e30", "--train-steps", "200",
-                      "--save-checkpoints-steps", "1")
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, job_dir, "--learning-rate", "1e30", "--train-steps", "200",
+        "--save-checkpoints-steps", "1"))
     _one_line_error(proc, "the loss became NaN or infinite", "--learning-rate")
     latest = tf.train.latest_checkpoint(job_dir)
     assert latest and latest in proc.stderr.strip().splitlines()[-1]
@@ -125,11 +134,11 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_records
     assert not os.path.exists(os.path.join(job_dir, "export"))
 
 
+@pytest.mark.slow
 def test_job_dir_of_another_model_is_refused_by_name(tiny_records, tmp_path, capsys):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    base = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-            "--eval-throttle-secs", "100000"]
+    base = trainer_args(data_dir, job_dir, "--eval-throttle-secs", "100000")
     assert train.main([*base, "--train-steps", "2"]) == 0
     before = sorted(os.listdir(job_dir))
     capsys.readouterr()
@@ -150,12 +159,13 @@ def test_job_dir_of_another_model_is_refused_by_name(tiny_records, tmp_path, cap
     assert train.main([*base, "--train-steps", "4", "--data-format", layout]) == 0
 
 
+@pytest.mark.slow
 def test_unusable_job_dir_is_a_clear_error(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir",
-                      str(blocker / "job"), *TINY_FLAGS, "--train-steps", "2")
+    proc = run_module("cifar10_estimator",
+                      *trainer_args(data_dir, blocker / "job", "--train-steps", "2"))
     _one_line_error(proc, f"--job-dir {blocker / 'job'} is not a writable folder")
 
 
@@ -166,25 +176,24 @@ def _limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
 
+@pytest.mark.slow
 def test_disk_full_during_export_leaves_no_export_that_looks_complete(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    flags = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, "--train-steps", "2",
-             "--export-dir", str(tmp_path / "export")]
+    flags = trainer_args(data_dir, job_dir, "--train-steps", "2",
+                         "--export-dir", str(tmp_path / "export"))
     assert train.main(flags) == 0
     shutil.rmtree(tmp_path / "export")
-    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", *flags], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", *flags], cwd=tmp_path,
                           capture_output=True, text=True, preexec_fn=_limit_file_size)
     _one_line_error(proc, f"cannot write the SavedModel under {tmp_path / 'export'}")
     assert os.listdir(tmp_path / "export") == []
 
 
-def test_predict_handles_odd_images_and_refuses_bad_input(tiny_records, tmp_path):
-    data_dir, _ = tiny_records
-    job_dir = str(tmp_path / "job")
-    assert train.main(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-                      "--train-steps", "1"]) == 0
-    export = os.path.join(job_dir, "export", os.listdir(os.path.join(job_dir, "export"))[0])
+@pytest.mark.slow
+def test_predict_handles_odd_images_and_refuses_bad_input(tiny_export, tmp_path):
+    export = tiny_export  # a trained model's export, only read here
+    job_dir = os.path.dirname(os.path.dirname(export))
     gray = tmp_path / "gray.png"
     gray.write_bytes(tf.io.encode_png(np.full((9, 40, 1), 200, np.uint8)).numpy())
     rgba = tmp_path / "rgba.png"
@@ -243,8 +252,7 @@ def test_a_record_file_cut_short_is_refused_before_training(cut, tmp_path, capsy
     with open(path, "r+b") as f:
         f.truncate(offset)
     job_dir = tmp_path / "job"
-    status = train.main(["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
-                        "--train-steps", "2"])
+    status = train.main(trainer_args(data_dir, job_dir, "--train-steps", "2"))
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert err[-1] == (
@@ -269,8 +277,7 @@ def test_changed_bytes_of_the_same_size_are_refused_before_training(tmp_path, ca
     data = bytearray(open(path, "rb").read())
     data[-40] ^= 0x01  # one pixel of the last image
     open(path, "wb").write(bytes(data))
-    status = train.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"),
-                        *TINY_FLAGS, "--train-steps", "2"])
+    status = train.main(trainer_args(data_dir, tmp_path / "job", "--train-steps", "2"))
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 2 and f"{path} has the size the generator wrote but other bytes" in err
     assert "regenerate it with" in err

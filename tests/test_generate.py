@@ -234,6 +234,7 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0]
 
 
+@pytest.mark.slow
 def test_cli_sample_data(tmp_path):
     result = run_generator_cli("--data-dir", str(tmp_path / "d"), "--sample",
                                "--sample-size", "20", "--seed", "3")

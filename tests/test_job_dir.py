@@ -5,19 +5,16 @@ import os
 import re
 import signal
 import socket
+import threading
 import time
 
 import pytest
 import tensorflow as tf
 
+from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock, settings_record
-from trainer_fixtures import TINY_FLAGS, Trainer, checkpoint_step, run_module
-
-
-def _flags(data_dir, job_dir, *extra):
-    return ["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS, "--progress-secs",
-            "1", *extra]
+from trainer_fixtures import Trainer, checkpoint_step, run_module, trainer_args
 
 
 def _last_line(proc) -> str:
@@ -26,17 +23,20 @@ def _last_line(proc) -> str:
 
 # --- one trainer per job dir --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_nothing(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
+    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
+                                   "100000"), tmp_path / "log")
     first = trainer.process
     try:
         trainer.wait_for(r"step \d+/100000")
         before = sorted(os.listdir(job_dir))
         started = time.monotonic()
-        second = run_module("cifar10_estimator", *_flags(data_dir, job_dir, "--train-steps", "5"))
+        second = run_module("cifar10_estimator", *trainer_args(
+            data_dir, job_dir, "--progress-secs", "1", "--train-steps", "5"))
         assert second.returncode == 2
         line = _last_line(second)
         assert re.fullmatch(
@@ -51,40 +51,76 @@ def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_not
         assert time.monotonic() - started < 60  # at once: no wait for a living holder here
     finally:
         first.send_signal(signal.SIGTERM)
-        assert first.wait(60) == 143
+        assert trainer.finish(60) == 143
     assert not (job_dir / job_lock.LOCK_FILE).exists()  # released on the way out
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_trainer_never_blocks_the_rerun(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
+    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
+                                   "100000"), tmp_path / "log")
     first = trainer.process
-    trainer.wait_for(r"step \d+/100000")
-    first.kill()  # SIGKILL: no chance to release the lock
-    first.wait()
+    try:
+        trainer.wait_for(r"step \d+/100000")
+    finally:
+        first.kill()  # SIGKILL: no chance to release the lock
+        first.wait()
     assert (job_dir / job_lock.LOCK_FILE).exists()
-    rerun = run_module("cifar10_estimator", *_flags(data_dir, job_dir, "--train-steps", "3"))
+    rerun = run_module("cifar10_estimator", *trainer_args(
+        data_dir, job_dir, "--progress-secs", "1", "--train-steps", "3"))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"took over {job_dir / job_lock.LOCK_FILE}: its holder (pid {first.pid}" in rerun.stderr
 
 
+# The lock's own tests run JobLock in this process. Its heartbeat thread rewrites the lock file
+# every ``heartbeat_secs``; where a test reads or replaces the file while holding the lock, the
+# heartbeat is either out of the way (an hour: it never beats during the test) or waited on
+# through what it does (the file's counter, the thread's end), never through fixed sleeps.
+NO_BEAT = 3600.0
+
+
 def _lock_file(path, **holder) -> None:
+    """Writes a holder's lock file as a trainer does: whole, by an atomic rename (a reader, the
+    heartbeat thread included, never sees it half-written)."""
     body = {"host": socket.gethostname(), "boot_id": job_lock._boot_id(), "pid": os.getpid(),
             "start_ticks": job_lock._start_ticks(os.getpid()), "since": "2026-01-01T00:00:00",
             "beat": 0}
     body.update(holder)
-    path.write_text(json.dumps(body))
+    partial = path.with_name(path.name + ".writing")
+    partial.write_text(json.dumps(body))
+    os.replace(partial, path)
+
+
+def _holder(path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _heartbeat_thread_of(acquire) -> threading.Thread:
+    """Calls ``acquire()``; returns the heartbeat thread it started."""
+    before = set(threading.enumerate())
+    acquire()
+    (thread,) = [t for t in threading.enumerate()
+                 if t not in before and t.name == "job_lock_heartbeat"]
+    return thread
+
+
+def _wait_until(condition, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.01)
 
 
 def test_a_living_holder_on_this_machine_is_recognised_and_a_reused_pid_is_not(tmp_path):
     path = tmp_path / job_lock.LOCK_FILE
     _lock_file(path)  # this very process: alive
     with pytest.raises(UserError, match=rf"in use by another trainer \(pid {os.getpid()} on "):
-        job_lock.JobLock(str(tmp_path)).acquire()
+        job_lock.JobLock(str(tmp_path), heartbeat_secs=NO_BEAT).acquire()
     # The same pid with another start time is another process (a restarted container).
     _lock_file(path, start_ticks=job_lock._start_ticks(os.getpid()) - 1)
-    with job_lock.JobLock(str(tmp_path)):
+    with job_lock.JobLock(str(tmp_path), heartbeat_secs=NO_BEAT):
         assert json.loads(path.read_text())["pid"] == os.getpid()
         assert json.loads(path.read_text())["start_ticks"] == job_lock._start_ticks(os.getpid())
     assert not path.exists()
@@ -104,73 +140,80 @@ def test_a_holder_on_another_machine_is_alive_while_its_heartbeat_moves(tmp_path
     assert len(sleeps) == 1  # refused at the first heartbeat seen
     # Silent for stale_secs: a lost node; the lock is taken over.
     waited = []
-    lock = job_lock.JobLock(str(tmp_path), stale_secs=5, sleep=waited.append)
-    lock.acquire()
-    assert sum(waited) == 5 and json.loads(path.read_text())["host"] == socket.gethostname()
-    lock.release()
+    with job_lock.JobLock(str(tmp_path), heartbeat_secs=NO_BEAT, stale_secs=5,
+                          sleep=waited.append):
+        assert sum(waited) == 5 and _holder(path)["host"] == socket.gethostname()
 
 
 def test_the_holder_beats_and_stops_beating_once_taken_over(tmp_path):
-    lock = job_lock.JobLock(str(tmp_path), heartbeat_secs=0.05)
-    lock.acquire()
     path = tmp_path / job_lock.LOCK_FILE
-    deadline = time.monotonic() + 10
-    while json.loads(path.read_text())["beat"] < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    _lock_file(path, host="thief", boot_id="x", pid=1)
-    time.sleep(0.3)
-    assert json.loads(path.read_text())["host"] == "thief"  # not overwritten
-    lock.release()
-    assert path.exists()  # not ours to delete
+    lock = job_lock.JobLock(str(tmp_path), heartbeat_secs=0.05)
+    heartbeat = _heartbeat_thread_of(lock.acquire)
+    try:
+        _wait_until(lambda: _holder(path)["beat"] >= 2, "two heartbeats")
+        # Another trainer takes the lock over. Each beat reads the file, then rewrites it: a
+        # takeover that lands between the two is overwritten by that beat (the lock's
+        # documented window), so the thief writes again until the heartbeat has seen it. What
+        # counts: once it has seen the thief, the heartbeat ends by itself.
+        deadline = time.monotonic() + 30
+        while heartbeat.is_alive():
+            if _holder(path)["host"] != "thief":
+                _lock_file(path, host="thief", boot_id="x", pid=1)
+            assert time.monotonic() < deadline, "the heartbeat went on beating after a takeover"
+            time.sleep(0.01)
+        assert _holder(path)["host"] == "thief"  # not overwritten, and no beat comes any more
+    finally:
+        lock.release()
+    assert path.exists() and _holder(path)["host"] == "thief"  # not ours to delete
 
 
 # --- the job dir remembers its settings -----------------------------------------------------------
 
-def test_a_rerun_with_other_settings_is_refused_naming_each_flag(tiny_records, tmp_path):
+@pytest.mark.slow
+def test_a_rerun_or_an_evaluator_with_other_settings_is_refused_naming_each_flag(
+        tiny_records, tmp_path, capsys, monkeypatch):
+    # In this process, as the command line runs it (train.main: its exit status, its one line).
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    first = run_module("cifar10_estimator", *_flags(data_dir, job_dir, "--train-steps", "2"))
-    assert first.returncode == 0, first.stderr[-3000:]
+
+    def run(*flags: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = train.main(trainer_args(data_dir, job_dir, "--progress-secs", "1", *flags))
+        return code, capsys.readouterr().err
+
+    code, err = run("--train-steps", "2")
+    assert code == 0, err[-3000:]
     record = json.loads((job_dir / settings_record.RECORD_FILE).read_text())["settings"]
     assert record["train_batch_size"] == 8 and record["learning_rate"] == 0.1
     assert record["dataset"] == "cifar10" and "train_steps" not in record
     before = sorted(os.listdir(job_dir))
-    changed = run_module("cifar10_estimator", *_flags(
-        data_dir, job_dir, "--train-steps", "4", "--learning-rate", "0.05",
-        "--lr-boundary-epochs", "10,20,30", "--momentum", "0.8"))
-    assert changed.returncode == 2
-    assert _last_line(changed) == (
+    code, err = run("--train-steps", "4", "--learning-rate", "0.05", "--lr-boundary-epochs",
+                    "10,20,30", "--momentum", "0.8")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
         f"cifar10_estimator: error: --job-dir {job_dir} was trained with other settings "
         f"(settings.json): --learning-rate 0.1 (now 0.05); --lr-boundary-epochs 82,123,300 "
         f"(now 10,20,30); --momentum 0.9 (now 0.8); rerun with the recorded values, use a new "
         f"--job-dir, or add --change-settings to change them on purpose")
     assert sorted(os.listdir(job_dir)) == before  # nothing written
+    # The evaluator reads the chief's record: it would evaluate another model.
+    with monkeypatch.context() as env:
+        env.setenv("TF_CONFIG", json.dumps({
+            "cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+            "task": {"type": "evaluator", "index": 0}}))
+        code, err = run("--train-steps", "2", "--weight-decay", "0.001")
+    assert code == 2
+    assert err.strip().splitlines()[-1].endswith(
+        "(settings.json): --weight-decay 0.0002 (now 0.001); start this task with the same flags "
+        "as the chief")
     # Training longer just works; a deliberate change is recorded.
-    longer = run_module("cifar10_estimator", *_flags(data_dir, job_dir, "--train-steps", "4"))
-    assert longer.returncode == 0, longer.stderr[-3000:]
-    deliberate = run_module("cifar10_estimator", *_flags(
-        data_dir, job_dir, "--train-steps", "6", "--learning-rate", "0.05", "--change-settings"))
-    assert deliberate.returncode == 0, deliberate.stderr[-3000:]
-    assert "--change-settings: recorded the new settings" in deliberate.stderr
-    assert "--learning-rate 0.1 (now 0.05)" in deliberate.stderr
+    code, err = run("--train-steps", "4")
+    assert code == 0, err[-3000:]
+    code, err = run("--train-steps", "6", "--learning-rate", "0.05", "--change-settings")
+    assert code == 0, err[-3000:]
+    assert "--change-settings: recorded the new settings" in err
+    assert "--learning-rate 0.1 (now 0.05)" in err
     record = json.loads((job_dir / settings_record.RECORD_FILE).read_text())["settings"]
     assert record["learning_rate"] == 0.05
     assert checkpoint_step(tf.train.latest_checkpoint(str(job_dir))) == 6
 
-
-def test_an_evaluator_with_other_settings_is_refused(tiny_records, tmp_path):
-    # The evaluator reads the chief's record: it would evaluate another model.
-    data_dir, _ = tiny_records
-    job_dir = tmp_path / "job"
-    assert run_module("cifar10_estimator",
-                      *_flags(data_dir, job_dir, "--train-steps", "2")).returncode == 0
-    tf_config = json.dumps({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
-                            "task": {"type": "evaluator", "index": 0}})
-    evaluator = run_module("cifar10_estimator", *_flags(
-        data_dir, job_dir, "--train-steps", "2", "--weight-decay", "0.001"),
-        env_extra={"TF_CONFIG": tf_config})
-    assert evaluator.returncode == 2
-    assert _last_line(evaluator).endswith(
-        "(settings.json): --weight-decay 0.0002 (now 0.001); start this task with the same flags "
-        "as the chief")

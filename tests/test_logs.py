@@ -6,7 +6,9 @@ import re
 import pytest
 
 from cifar10_estimator import logs
-from trainer_fixtures import TINY_FLAGS, run_module
+from trainer_fixtures import run_module, trainer_args
+
+pytestmark = pytest.mark.slow  # every test here reads real trainer processes
 
 # The line each kept TensorFlow template produces (the template with its values filled in).
 _KEPT = {
@@ -24,8 +26,8 @@ def two_runs(tiny_records, tmp_path_factory):
     """A run of 2 steps, then the same job resumed to 4: what the user reads of each."""
     data_dir, _ = tiny_records
     job_dir = str(tmp_path_factory.mktemp("logs") / "job")
-    base = ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-            "--save-checkpoints-steps", "2", "--eval-throttle-secs", "100000"]
+    base = trainer_args(data_dir, job_dir, "--save-checkpoints-steps", "2",
+                        "--eval-throttle-secs", "100000")
     first = run_module("cifar10_estimator", *base, "--train-steps", "2")
     second = run_module("cifar10_estimator", *base, "--train-steps", "4")
     assert first.returncode == 0 and second.returncode == 0, second.stderr[-3000:]

@@ -20,7 +20,7 @@ from cifar10_estimator.model import resnet
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving import client
 from conftest import md5
-from trainer_fixtures import TINY_FLAGS, bomb_png
+from trainer_fixtures import bomb_png, trainer_args
 
 FINE = [f"fine{i:02d}" for i in range(100)]
 COARSE = [f"coarse{i:02d}" for i in range(20)]
@@ -108,13 +108,14 @@ def test_a_100_class_resnet20_has_the_papers_count_with_a_wider_dense_layer():
     assert count == 269_722 - 650 + 6_500
 
 
+@pytest.mark.slow
 def test_cifar100_trains_exports_and_predict_names_its_classes(tmp_path, capsys):
     source = str(tmp_path / "data")
     write_cifar100(source, train=40, test=16)
     assert generate.main(["--data-dir", source, "--dataset", "cifar100"]) == 0
     job_dir = str(tmp_path / "job")
-    result = train.run(["--data-dir", source, "--job-dir", job_dir, *TINY_FLAGS,
-                       "--train-steps", "2", "--eval-throttle-secs", "100000"])
+    result = train.run(trainer_args(source, job_dir, "--train-steps", "2",
+                                    "--eval-throttle-secs", "100000"))
     names = open(os.path.join(result.export_path, "assets.extra", "class_names.txt")).read()
     assert names.splitlines() == FINE
     png = tmp_path / "picture.png"
@@ -128,8 +129,7 @@ def test_cifar100_trains_exports_and_predict_names_its_classes(tmp_path, capsys)
     from trainer_fixtures import write_records
 
     write_records(ten, {"train": 16, "validation": 8, "eval": 8})
-    assert train.main(["--data-dir", ten, "--job-dir", job_dir, *TINY_FLAGS,
-                      "--train-steps", "4"]) == 2
+    assert train.main(trainer_args(ten, job_dir, "--train-steps", "4")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "holds checkpoints of a model with 100 classes, but the records in --data-dir " \
            "have 10" in err
@@ -179,6 +179,7 @@ def write_image_folder(root, rng) -> dict:
     return written
 
 
+@pytest.mark.slow
 def test_an_image_folder_trains_and_serves_the_same_pixels(tmp_path, capsys):
     root = tmp_path / "pictures"
     written = write_image_folder(root, np.random.default_rng(0))
@@ -200,9 +201,9 @@ def test_an_image_folder_trains_and_serves_the_same_pixels(tmp_path, capsys):
     assert parsed["label"].numpy()[0] == 0
 
     job_dir = str(tmp_path / "job")
-    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-                       "--train-steps", "30", "--eval-throttle-secs", "100000",
-                       "--use-distortion-for-training=false"])
+    result = train.run(trainer_args(data_dir, job_dir, "--train-steps", "30",
+                                    "--eval-throttle-secs", "100000",
+                                    "--use-distortion-for-training=false"))
     assert result.eval_metrics["global_step"] == 30
     capsys.readouterr()
     assert predict.main(["--saved-model", result.export_path, first_test]) == 0

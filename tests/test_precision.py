@@ -20,7 +20,7 @@ from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.platform import cpu, precision, precision_cache, precision_probe
 from cifar10_estimator.platform.precision import Measured, ProbeFailed
-from trainer_fixtures import TINY_FLAGS, run_module
+from trainer_fixtures import run_module, trainer_args
 
 ZEN3 = cpu.CpuInfo("AMD EPYC 7B13", frozenset({"avx2", "fma"}))
 XEON_NO_AMX = cpu.CpuInfo("Intel(R) Xeon(R) Gold 6348",
@@ -234,6 +234,7 @@ def test_calls_are_timed_alternately_after_a_warm_up_within_the_budget():
     assert rounds == precision_probe.MIN_ROUNDS  # even when one call spends the budget
 
 
+@pytest.mark.slow
 def test_the_training_probe_times_the_real_step_of_the_network_in_both_precisions():
     settings = ModelSettings(params=ModelParams(num_layers=8, train_batch_size=8),
                              devices=("/cpu:0", "/cpu:1"))
@@ -268,6 +269,7 @@ def _bf16_cpu(monkeypatch) -> cpu.CpuInfo:
     return injected
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu.onednn_enabled(), reason="bf16 on a CPU needs oneDNN")
 def test_a_real_auto_run_measures_records_and_a_rerun_follows_the_record(
         tiny_records, tmp_path, capsys, monkeypatch):
@@ -275,8 +277,8 @@ def test_a_real_auto_run_measures_records_and_a_rerun_follows_the_record(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    flags = ["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
-             "--precision", "auto", "--eval-throttle-secs", "1", "--precise-bn-batches", "0"]
+    flags = trainer_args(data_dir, job_dir, "--precision", "auto", "--eval-throttle-secs", "1",
+                         "--precise-bn-batches", "0")
     assert train.main([*flags, "--train-steps", "2"]) == 0
     err = capsys.readouterr().err
     line = _AUTO_LINE.search(err)
@@ -303,6 +305,7 @@ def test_a_real_auto_run_measures_records_and_a_rerun_follows_the_record(
     assert line and line.group(1) == chosen and line.group(6) == str(cache_file)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu.onednn_enabled(), reason="bf16 on a CPU needs oneDNN")
 def test_explicit_bf16_measured_slower_warns_once_with_both_figures(tiny_records, tmp_path,
                                                                     capsys, monkeypatch):
@@ -314,9 +317,9 @@ def test_explicit_bf16_measured_slower_warns_once_with_both_figures(tiny_records
               {"fp32": 723.0, "bf16": 496.0})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     data_dir, _ = tiny_records
-    assert train.main(["--data-dir", data_dir, "--job-dir", str(tmp_path / "job"), *TINY_FLAGS,
-                       "--precision", "bf16", "--train-steps", "1", "--precise-bn-batches", "0",
-                       "--eval-throttle-secs", "1"]) == 0
+    assert train.main(trainer_args(data_dir, tmp_path / "job", "--precision", "bf16",
+                                   "--train-steps", "1", "--precise-bn-batches", "0",
+                                   "--eval-throttle-secs", "1")) == 0
     err = capsys.readouterr().err
     warnings = [line for line in err.splitlines() if "measured slower than fp32" in line]
     assert len(warnings) == 1
@@ -326,15 +329,16 @@ def test_explicit_bf16_measured_slower_warns_once_with_both_figures(tiny_records
     assert "precision bf16: bf16, as asked: bf16 (496 images/s) over fp32 (723)" in err
 
 
+@pytest.mark.slow
 def test_the_export_records_what_it_computes_in_and_evaluate_says_it(tiny_records, tmp_path):
     # fp32 training exports an fp32 network (auto serving follows the training precision).
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir", str(job_dir),
-                      *TINY_FLAGS, "--train-steps", "2", "--eval-throttle-secs", "1",
-                      "--precise-bn-batches", "0")
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, job_dir, "--train-steps", "2", "--eval-throttle-secs", "1",
+        "--precise-bn-batches", "0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "serving precision auto: fp32, as the model trained" in proc.stderr
     (version,) = os.listdir(job_dir / "export")
-    assert (job_dir / "export" / version / "assets.extra" / "compute_dtype.txt").read_text() == (
-        "float32\n")
+    info = json.loads((job_dir / "export" / version / "assets.extra" / "export.json").read_text())
+    assert info == {"checkpoint": "model.ckpt-2", "global_step": 2, "compute_dtype": "float32"}

@@ -17,18 +17,17 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.distributed import launcher
-from trainer_fixtures import REPO, TINY_FLAGS, Trainer, checkpoint_step, trainer_env
+from trainer_fixtures import (Trainer, checkpoint_step, cluster_pids, start_cluster,
+                              stop_cluster, trainer_args, trainer_env)
+
+# Every test here starts TensorFlow processes. Only the size of each run and the progress
+# cadence differ from the trainer's defaults; the checkpoint and evaluation cadences are the
+# defaults (600 s).
+pytestmark = pytest.mark.slow
 
 _STOPPED = re.compile(r"received (SIGTERM|SIGINT) at step (\d+): saved (\S+); rerun the same "
                       r"command to resume")
 _PROGRESS = re.compile(r"step (\d+)/")
-
-
-def _flags(data_dir: str, job_dir: str, *extra: str) -> list[str]:
-    # Only the size of the run and the progress cadence differ from the defaults; the
-    # checkpoint and evaluation cadences are the defaults (600 s).
-    return ["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS, "--progress-secs", "1",
-            *extra]
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -36,9 +35,12 @@ def test_a_signal_mid_run_saves_the_current_step_and_exits_for_a_restart(
         signum, status, tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
-    trainer.wait_for(r"step \d+/100000")
-    trainer.process.send_signal(signum)
+    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
+                                   "100000"), tmp_path / "log")
+    try:
+        trainer.wait_for(r"step \d+/100000")
+    finally:
+        trainer.process.send_signal(signum)
     assert trainer.finish() == status, trainer.text()[-3000:]
     text = trainer.text()
     stopped = _STOPPED.search(text)
@@ -52,8 +54,8 @@ def test_a_signal_mid_run_saves_the_current_step_and_exits_for_a_restart(
     assert "Traceback" not in text
     if signum == signal.SIGTERM:
         # The same command, training longer, resumes from the step the signal saved.
-        rerun = Trainer(_flags(data_dir, job_dir, "--train-steps", str(step + 3)),
-                        tmp_path / "rerun.log")
+        rerun = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1",
+                                     "--train-steps", str(step + 3)), tmp_path / "rerun.log")
         assert rerun.finish(120) == 0, rerun.text()[-3000:]
         assert f"resuming from {latest}" in rerun.text()
         assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == step + 3
@@ -69,8 +71,13 @@ def _catches(pid: int, signum: int) -> bool:
 def test_a_second_signal_ends_the_process_at_once(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    trainer = Trainer(_flags(data_dir, job_dir, "--train-steps", "100000"), tmp_path / "log")
-    trainer.wait_for(r"step \d+/100000")
+    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
+                                   "100000"), tmp_path / "log")
+    try:
+        trainer.wait_for(r"step \d+/100000")
+    except BaseException:
+        trainer.process.kill()
+        raise
     pid = trainer.process.pid
     assert _catches(pid, signal.SIGTERM)
     trainer.process.send_signal(signal.SIGTERM)
@@ -92,12 +99,15 @@ def test_a_parameter_server_stops_at_once_with_status_143(tmp_path):
                                         "ps": [f"127.0.0.1:{ports[1]}"]},
                             "task": {"type": "ps", "index": 0}})
     ps = Trainer([], tmp_path / "ps.log", tf_config)
-    ps.wait_for("parameter server 0 serving")
-    ps.process.send_signal(signal.SIGTERM)
+    try:
+        ps.wait_for("parameter server 0 serving")
+    finally:
+        ps.process.send_signal(signal.SIGTERM)
     assert ps.finish(30) == 143, ps.text()[-3000:]
     assert "received SIGTERM: parameter server stopped" in ps.text()
 
 
+@pytest.mark.cluster
 def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes(
         tiny_records, tmp_path):
     # What Kubernetes does with restartPolicy ExitCode: a task that exits with 143 is started
@@ -105,25 +115,35 @@ def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     log = tmp_path / "cluster.log"
-    with open(log, "w") as out:
-        cluster = subprocess.Popen(
-            [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2",
-             "--evaluator", "--", *_flags(data_dir, job_dir, "--train-steps", "300",
-                                          "--max-worker-delay-secs", "0")],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=trainer_env())
+    cluster = start_cluster(["--num-workers", "2", "--evaluator", "--", *trainer_args(
+        data_dir, job_dir, "--progress-secs", "0.2", "--train-steps", "150",
+        "--max-worker-delay-secs", "0")], log)
     try:
-        deadline = time.monotonic() + 180
-        while not (re.search(r"\[chief\] .*step \d+/300", log.read_text())
-                   and re.search(r"\[worker0\] .*step \d+/300", log.read_text())):
-            assert cluster.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        pids = dict(re.findall(r"started (\w+) \(pid (\d+)\)", log.read_text()))
-        for name in ("chief", "worker0", "evaluator"):
-            os.kill(int(pids[name]), signal.SIGTERM)
+        def wait_for(*patterns: str) -> None:
+            deadline = time.monotonic() + 180
+            while not all(re.search(p, log.read_text()) for p in patterns):
+                assert cluster.poll() is None and time.monotonic() < deadline, (
+                    f"no {patterns} in:\n{log.read_text()[-3000:]}")
+                time.sleep(0.1)
+
+        # Each signal must reach its task while the task is under way: the chief and the
+        # worker training (a progress line comes 0.2 s after a task's first step), the
+        # evaluator running (its role line comes after its handlers are in place). The chief
+        # alone can do all the steps before a slow worker starts (300 steps once did), so it is
+        # frozen once it trains: until the signals, only the worker's steps count (a fraction
+        # of a second of them), and the job cannot end.
+        wait_for(r"\[cluster\] started evaluator \(pid \d+\)", r"\[chief\] .*step \d+/150")
+        pids = cluster_pids(log)
+        os.kill(pids["chief"], signal.SIGSTOP)
+        try:
+            wait_for(r"\[worker0\] .*step \d+/150", r"\[evaluator\] .*role: evaluator")
+            for name in ("chief", "worker0", "evaluator"):
+                os.kill(pids[name], signal.SIGTERM)  # the frozen chief's waits for SIGCONT
+        finally:
+            os.kill(pids["chief"], signal.SIGCONT)
         assert cluster.wait(240) == 0, log.read_text()[-4000:]
     finally:
-        if cluster.poll() is None:
-            cluster.kill()
+        stop_cluster(cluster, log)
     text = log.read_text()
     for name in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {name} stopped by a signal (exit status 143): starting it again" in text
@@ -131,36 +151,37 @@ def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes
     assert re.search(r"\[worker0\] .*received SIGTERM at step \d+: worker stopped", text)
     assert "[evaluator] " in text and "received SIGTERM: evaluator stopped" in text
     assert re.search(r"\[chief\] .*resuming from ", text)
-    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 300
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 150
 
 
-def _small_file_system_available() -> str:
+def _small_file_system_available(cwd) -> str:
     """'' if this machine lets an unprivileged process mount its own tmpfs, else why not."""
     if not shutil.which("unshare"):
         return "no unshare command"
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                             "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True,
-                           text=True)
+                           text=True, cwd=cwd, timeout=60)
     return "" if probe.returncode == 0 else f"cannot mount a tmpfs here: {probe.stderr.strip()}"
 
 
-@pytest.mark.skipif(bool(_small_file_system_available()),
-                    reason=_small_file_system_available() or "available")
 def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
         tiny_records, tmp_path):
+    unavailable = _small_file_system_available(tmp_path)
+    if unavailable:
+        pytest.skip(unavailable)
     # A 3 MB file system of the job's own: the step-0 checkpoint and the graph fit, and a few
     # checkpoints of ResNet-8 (about 0.6 MB each) fill it.
     data_dir, _ = tiny_records
     job_dir, kept = tmp_path / "job", tmp_path / "kept"
     job_dir.mkdir()
-    flags = _flags(data_dir, str(job_dir), "--train-steps", "400", "--save-checkpoints-steps",
-                   "20")
+    flags = trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps", "400",
+                         "--save-checkpoints-steps", "20")
     command = " ".join([sys.executable, "-m", "cifar10_estimator", *flags])
     proc = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
          f"mount -t tmpfs -o size=3m tmpfs {job_dir} && {command}; status=$?; "
          f"cp -a {job_dir}/. {kept}/; exit $status"],
-        capture_output=True, text=True, cwd=REPO, env=trainer_env(), timeout=300)
+        capture_output=True, text=True, cwd=tmp_path, env=trainer_env(), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
     match = re.fullmatch(r"cifar10_estimator: error: cannot write a checkpoint in --job-dir "
@@ -174,8 +195,9 @@ def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
     assert not [p for p in os.listdir(kept) if p.endswith("_temp")]  # partial shards removed
     # It loads: the same command, with room, resumes from it.
     rerun = subprocess.run([sys.executable, "-m", "cifar10_estimator",
-                            *_flags(data_dir, str(kept), "--train-steps",
-                                    str(checkpoint_step(latest) + 2))],
-                           capture_output=True, text=True, cwd=REPO, env=trainer_env(), timeout=300)
+                            *trainer_args(data_dir, kept, "--progress-secs", "1",
+                                          "--train-steps", str(checkpoint_step(latest) + 2))],
+                           capture_output=True, text=True, cwd=tmp_path, env=trainer_env(),
+                           timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from {latest}" in rerun.stderr

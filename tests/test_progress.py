@@ -19,7 +19,7 @@ from cifar10_estimator import train
 from cifar10_estimator.model import confusion_image, model_fn
 from cifar10_estimator.training import progress
 from cifar10_estimator.evaluation import report
-from trainer_fixtures import REPO, TINY_FLAGS
+from trainer_fixtures import trainer_args
 
 
 def test_progress_line_says_step_total_percent_rate_and_eta():
@@ -97,19 +97,20 @@ def _get_json(url: str):
 def watched_run(tiny_records, tmp_path_factory):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path_factory.mktemp("watched") / "job")
-    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-                       "--train-steps", "12", "--save-summary-steps", "2",
-                       "--eval-throttle-secs", "100000"])
+    result = train.run(trainer_args(data_dir, job_dir, "--train-steps", "12",
+                                    "--save-summary-steps", "2",
+                                    "--eval-throttle-secs", "100000"))
     return job_dir, result
 
 
-def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run):
+@pytest.mark.slow
+def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run, tmp_path):
     job_dir, _ = watched_run
     port = _free_port()
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     server = subprocess.Popen([tensorboard, "--logdir", job_dir, "--port", str(port),
                                "--host", "127.0.0.1", "--load_fast", "false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -153,6 +154,7 @@ def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run):
         server.wait(10)
 
 
+@pytest.mark.slow
 def test_the_final_evaluation_writes_a_report_and_the_run_ends_with_a_summary(
         watched_run, tiny_records):
     job_dir, result = watched_run
@@ -184,13 +186,15 @@ def test_report_helpers_find_the_most_confused_pairs():
                          "b taken for c (1 image)")
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_progress_table_and_summary(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
-                           "--job-dir", job_dir, *TINY_FLAGS, "--train-steps", "60",
-                           "--progress-secs", "0.2", "--eval-throttle-secs", "100000"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator",
+                           *trainer_args(data_dir, job_dir, "--train-steps", "60",
+                                         "--progress-secs", "0.2",
+                                         "--eval-throttle-secs", "100000")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
     progress = [l for l in lines if " step " in l and "/60 (" in l]
@@ -211,11 +215,14 @@ def test_the_command_line_prints_progress_table_and_summary(tiny_records, tmp_pa
     with open(picture, "wb") as f:
         f.write(tf.io.encode_png(np.full((20, 30, 3), 90, np.uint8)).numpy())
     bare = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    shell = tmp_path / "shell"  # the folder the commands are pasted in
+    shell.mkdir()
     for command, says in ((commands["predict"].replace("IMAGE...", picture), picture + ": "),
                           (commands["evaluate"], "on the eval split")):
         pasted = subprocess.run(command, shell=True, env=bare, capture_output=True, text=True,
-                                cwd=REPO, timeout=300)
+                                cwd=shell, timeout=300)
         assert pasted.returncode == 0 and says in pasted.stdout, pasted.stderr[-2000:]
+    assert os.listdir(shell) == []  # nothing written where they were pasted
     tensorboard = shlex.split(commands["TensorBoard"])[0]
     assert os.access(tensorboard, os.X_OK), tensorboard
     assert "\x1b[" not in proc.stderr and "\r" not in proc.stderr  # no terminal controls

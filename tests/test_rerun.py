@@ -5,27 +5,28 @@ rate does."""
 import json
 import os
 import re
+import shutil
 
 import pytest
 
 from cifar10_estimator import train
-from trainer_fixtures import TINY_FLAGS
+from cifar10_estimator.serving import export
+from trainer_fixtures import trainer_args
 
-
-def _flags(data_dir, job_dir, *extra) -> list[str]:
-    return ["--data-dir", data_dir, "--job-dir", str(job_dir), *TINY_FLAGS,
-            "--eval-throttle-secs", "1", "--precise-bn-batches", "0", *extra]
+pytestmark = pytest.mark.slow  # every test here trains
+# Every run here: an evaluation as soon as it can come, no precise batch norm.
+QUICK = ["--eval-throttle-secs", "1", "--precise-bn-batches", "0"]
 
 
 def test_a_finished_job_reports_its_result_and_trains_and_exports_nothing(
         tiny_records, tmp_path, capsys):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    first = train.run(_flags(data_dir, job_dir, "--train-steps", "3"))
+    first = train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "3"))
     capsys.readouterr()
     report = job_dir / "eval_report.json"
     stamp = report.stat().st_mtime_ns
-    again = train.run(_flags(data_dir, job_dir, "--train-steps", "3"))
+    again = train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "3"))
     err = capsys.readouterr().err
     assert os.listdir(job_dir / "export") == [os.path.basename(first.export_path)]
     assert report.stat().st_mtime_ns == stamp  # not written again
@@ -38,8 +39,18 @@ def test_a_finished_job_reports_its_result_and_trains_and_exports_nothing(
     assert "Saving checkpoints" not in err and "exported SavedModel" not in err
     # The run summary names the finished result.
     assert re.search(rf"run summary: .*final accuracy {100 * accuracy:.2f}% at step 3", err)
+    # An export lost since (deleted, or cut short by a full disk) is made again, once, with the
+    # report's figures: nothing is trained or evaluated.
+    shutil.rmtree(first.export_path)
+    events = sorted(os.listdir(job_dir / "eval"))
+    remade = train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "3"))
+    err = capsys.readouterr().err
+    assert "exported its final checkpoint, which had no export" in err
+    assert remade.steps_trained == 0 and sorted(os.listdir(job_dir / "eval")) == events
+    with open(os.path.join(remade.export_path, export.EVAL_METRICS_FILE)) as f:
+        assert json.load(f) == {"accuracy": pytest.approx(accuracy), "global_step": 3}
     # Raising --train-steps trains on and exports the new final step.
-    longer = train.run(_flags(data_dir, job_dir, "--train-steps", "5"))
+    longer = train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "5"))
     assert longer.steps_trained == 2 and longer.export_path != first.export_path
 
 
@@ -48,7 +59,7 @@ def test_a_new_run_length_under_a_whole_run_schedule_is_refused_unless_told(
         tiny_records, tmp_path, capsys, schedule):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    flags = _flags(data_dir, job_dir, "--lr-schedule", schedule)
+    flags = trainer_args(data_dir, job_dir, *QUICK, "--lr-schedule", schedule)
     train.run([*flags, "--train-steps", "4"])
     capsys.readouterr()
     assert train.main([*flags, "--train-steps", "8"]) == 2
@@ -72,8 +83,8 @@ def test_a_new_run_length_under_the_piecewise_schedule_just_trains_longer(
         tiny_records, tmp_path, capsys):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    train.run(_flags(data_dir, job_dir, "--train-steps", "2"))
-    result = train.run(_flags(data_dir, job_dir, "--train-steps", "4"))
+    train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "2"))
+    result = train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "4"))
     assert result.steps_trained == 2
     with open(job_dir / "settings.json") as f:
         assert "schedule_steps" not in json.load(f)["settings"]

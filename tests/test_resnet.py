@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.model import resnet
-from trainer_fixtures import REPO
 
 
 def _count_trainable(num_layers, version=1):
@@ -66,6 +65,7 @@ np.savez(out_path, **results)
 """
 
 
+@pytest.mark.slow
 def test_channels_first_computes_the_same_logits_as_channels_last(tmp_path):
     # NCHW runs on this CPU through oneDNN, so the GPU layout is checked for real here. Each
     # layout runs in its own process: on TF 2.15 with oneDNN, an NCHW graph run after an
@@ -78,7 +78,7 @@ def test_channels_first_computes_the_same_logits_as_channels_last(tmp_path):
     for fmt in ("channels_last", "channels_first"):
         path = tmp_path / f"{fmt}.npz"
         subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, fmt, str(path)], check=True,
-                       capture_output=True, cwd=REPO, env=env)
+                       capture_output=True, cwd=tmp_path, env=env, timeout=300)
         out[fmt] = np.load(path)
     for version in (1, 2):
         nhwc, nchw = out["channels_last"][f"v{version}"], out["channels_first"][f"v{version}"]

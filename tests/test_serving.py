@@ -23,18 +23,15 @@ from cifar10_estimator.model import model_fn
 from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.serving import client, export, warmup
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import REPO, TINY_FLAGS, checkpoint_of
+from trainer_fixtures import checkpoint_of, trainer_args
 
 _SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
 
-@pytest.fixture(scope="module")
-def exported(tiny_records, tmp_path_factory) -> str:
-    data_dir, _ = tiny_records
-    job_dir = str(tmp_path_factory.mktemp("serving") / "job")
-    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-                       "--train-steps", "3", "--eval-throttle-secs", "100000"])
-    return result.export_path
+@pytest.fixture
+def exported(tiny_export) -> str:
+    """The suite's tiny export (3 steps), which these tests only read."""
+    return tiny_export
 
 
 def _pictures(tmp_path) -> list[str]:
@@ -66,11 +63,12 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_bytes_signature_in_a_fresh_process_matches_predict_for_the_same_files(
         exported, tmp_path):
     files = _pictures(tmp_path)
     proc = subprocess.run([sys.executable, "-c", _FRESH, exported, json.dumps(files)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["signatures"] == ["classify", "serving_bytes", "serving_default",
@@ -85,6 +83,7 @@ def test_bytes_signature_in_a_fresh_process_matches_predict_for_the_same_files(
     assert out["serving_bytes"]["class_names"] == [names[i] for i in served.argmax(1)]
 
 
+@pytest.mark.slow
 def test_every_predict_signature_names_its_top_class_and_classify_returns_names(exported):
     model = tf.saved_model.load(exported)
     rng = np.random.default_rng(1)
@@ -103,9 +102,10 @@ def test_every_predict_signature_names_its_top_class_and_classify_returns_names(
     np.testing.assert_allclose(classified["scores"], by_examples["probabilities"], rtol=1e-5)
 
 
-def test_the_classify_signature_has_the_classify_method_for_tf_serving(exported):
+@pytest.mark.slow
+def test_the_classify_signature_has_the_classify_method_for_tf_serving(exported, tmp_path):
     proc = subprocess.run([_SAVED_MODEL_CLI, "show", "--dir", exported, "--all"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     block = proc.stdout.split("signature_def['classify']")[1].split("signature_def[")[0]
     assert "Method name is: tensorflow/serving/classify" in block
@@ -114,6 +114,7 @@ def test_the_classify_signature_has_the_classify_method_for_tf_serving(exported)
     assert "inputs['image_bytes']" in bytes_block and "dtype: DT_STRING" in bytes_block
 
 
+@pytest.mark.slow
 def test_a_session_runs_every_signature_by_tensor_names_as_tf_serving_does(exported):
     """TF Serving's C++ loader restores the MetaGraph into a Session and runs each signature
     by its tensor names; ``tf.compat.v1.saved_model.load`` does the same from Python."""
@@ -134,6 +135,7 @@ def test_a_session_runs_every_signature_by_tensor_names_as_tf_serving_does(expor
     assert meta_graph.signature_def["classify"].method_name == "tensorflow/serving/classify"
 
 
+@pytest.mark.slow
 def test_signatures_bind_inputs_by_name_and_carry_frozen_weights(exported, tmp_path):
     """The export is a TF2 SavedModel: its loaded signatures know their input names (a TF1
     export's do not, and TF formats the whole input into a dropped error on every call), and
@@ -167,12 +169,13 @@ def test_a_checkpoint_of_another_depth_is_refused_and_nothing_is_written(
     assert not out.exists() or not os.listdir(out)
 
 
+@pytest.mark.slow
 def test_saved_model_cli_runs_the_bytes_signature_from_input_exprs(exported, tmp_path):
     png = tf.io.encode_png(np.full((9, 13, 3), 200, np.uint8)).numpy()
     proc = subprocess.run(
         [_SAVED_MODEL_CLI, "run", "--dir", exported, "--tag_set", "serve", "--signature_def",
          "serving_bytes", "--input_exprs", f"image_bytes=[{png!r}]"],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Result for output key class_names" in proc.stdout
     assert "Result for output key probabilities" in proc.stdout
@@ -189,6 +192,7 @@ def _decode_rest_instances(body: dict) -> dict:
     return columns
 
 
+@pytest.mark.slow
 def test_a_rest_request_with_b64_image_bytes_is_served(exported, tmp_path):
     files = _pictures(tmp_path)
     body = json.loads(json.dumps({"signature_name": "serving_bytes", "instances": [
@@ -201,6 +205,7 @@ def test_a_rest_request_with_b64_image_bytes_is_served(exported, tmp_path):
     assert out["probabilities"].shape == (len(files), 10)
 
 
+@pytest.mark.slow
 def test_bad_bytes_are_a_clear_error_of_the_request_and_the_model_serves_on(exported):
     model = tf.saved_model.load(exported)
     with pytest.raises(tf.errors.InvalidArgumentError, match="image"):
@@ -210,6 +215,7 @@ def test_bad_bytes_are_a_clear_error_of_the_request_and_the_model_serves_on(expo
         "probabilities"].shape == (1, 10)
 
 
+@pytest.mark.slow
 def test_the_warmup_file_parses_with_serving_protos_and_every_request_runs(exported):
     from tensorflow_serving.apis import prediction_log_pb2
 
@@ -235,12 +241,13 @@ def test_the_warmup_file_parses_with_serving_protos_and_every_request_runs(expor
     assert sorted(ran) == ["classify", "serving_bytes", "serving_default", "serving_examples"]
 
 
+@pytest.mark.slow
 def test_with_a_moving_average_the_export_serves_the_averaged_weights(tiny_records, tmp_path):
     data_dir, rows = tiny_records
     job_dir = str(tmp_path / "job")
-    result = train.run(["--data-dir", data_dir, "--job-dir", job_dir, *TINY_FLAGS,
-                        "--train-steps", "12", "--moving-average-decay", "0.5",
-                        "--eval-throttle-secs", "100000"])
+    result = train.run(trainer_args(data_dir, job_dir, "--train-steps", "12",
+                                    "--moving-average-decay", "0.5",
+                                    "--eval-throttle-secs", "100000"))
     records = tf.constant([r.numpy() for r in tf.data.TFRecordDataset(
         schema.record_path(data_dir, "eval"))])
     served = tf.saved_model.load(result.export_path).signatures["serving_examples"](
@@ -255,6 +262,7 @@ def test_with_a_moving_average_the_export_serves_the_averaged_weights(tiny_recor
     assert not np.allclose(raw_served["probabilities"], served["probabilities"], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_predict_takes_the_export_folder_and_prints_json(exported, tmp_path):
     files = _pictures(tmp_path)[:2]
     base = os.path.dirname(exported)
@@ -262,7 +270,7 @@ def test_predict_takes_the_export_folder_and_prints_json(exported, tmp_path):
     shutil.copytree(exported, older)
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.predict", "--saved-model",
                            base, "--json", "--top", "2", *files],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     shutil.rmtree(older)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -275,6 +283,6 @@ def test_predict_takes_the_export_folder_and_prints_json(exported, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.predict", "--saved-model",
-                           str(empty), *files], capture_output=True, text=True, cwd=REPO,
+                           str(empty), *files], capture_output=True, text=True, cwd=tmp_path,
                           timeout=120)
     assert proc.returncode == 2 and "holds no numbered versions" in proc.stderr

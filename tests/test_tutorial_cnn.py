@@ -15,7 +15,7 @@ from cifar10_estimator.data import metadata, pipeline
 from cifar10_estimator.model import networks, tutorial_cnn
 from cifar10_estimator.config.settings import TUTORIAL_CNN, ModelParams
 from cifar10_estimator.config import flags
-from trainer_fixtures import checkpoint_step, run_module
+from trainer_fixtures import TINY_BATCHES, checkpoint_step, run_module, trainer_args
 
 CNN = ModelParams(model=TUTORIAL_CNN)
 
@@ -101,13 +101,14 @@ def _evaluate(capsys, *args) -> tuple[int, str, str]:
     return status, out.out, out.err
 
 
+@pytest.mark.slow
 def test_it_trains_on_towers_exports_and_evaluate_agrees_with_the_trainer(
         tiny_records, tmp_path, capsys):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    proc = run_module("cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
-                      "--model", "tutorial-cnn", "--num-cpu-towers", "2",
-                      "--train-batch-size", "8", "--eval-batch-size", "8", "--train-steps", "30")
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, job_dir, "--model", "tutorial-cnn", "--num-cpu-towers", "2",
+        "--train-steps", "30", tiny=TINY_BATCHES))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the tutorial CNN, channels_last, towers on /cpu:0, /cpu:1" in proc.stderr
     assert "--moving-average-decay 0.9999," in proc.stderr  # the model's default, logged
