@@ -12,7 +12,8 @@ FROM python:3.11-slim
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY cifar10_estimator ./cifar10_estimator
-RUN pip install --no-cache-dir . && rm -rf /src
+# The s3 extra: tensorflow-io for s3:// job dirs and records (k8s/tfjob-s3.yaml).
+RUN pip install --no-cache-dir '.[s3]' && rm -rf /src
 
 # Root, as the manifest's volume expects; with a securityContext of your own, the user needs
 # write access to the volume and a home (the precision probes cache there, in ~/.cache).

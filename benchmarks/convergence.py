@@ -62,7 +62,7 @@ import keras_resnet
 import precise_bn_bench as fashion_mnist
 from machine import machine_line
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.data import metadata
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import import_tensorflow_quietly
@@ -139,7 +139,7 @@ def prepare_data(work_dir: str, per_class: int | None) -> str:
     test_per_class = None if per_class is None else min(per_class, TEST_PER_CLASS)
     started = time.monotonic()
     # Made in a temporary folder and renamed, so an interrupted run leaves no half cache.
-    with fsutil.atomic_dir(data_dir) as tmp:
+    with storage.atomic_dir(data_dir) as tmp:
         fashion_mnist.make_records(tmp, per_class, test_per_class)
     print(f"data: {data_dir} (generated in {time.monotonic() - started:.0f} s)", flush=True)
     return data_dir
@@ -444,7 +444,7 @@ def main(argv=None) -> int:
                              "paper_lr_boundary_epochs": boundaries},
                 "runs": {name: dataclasses.asdict(run) for name, run in runs.items()},
                 "summary": summary}
-        fsutil.write_bytes_atomic(args.json, (json.dumps(body, indent=1) + "\n").encode())
+        storage.write_bytes_atomic(args.json, (json.dumps(body, indent=1) + "\n").encode())
         print(f"figures written to {args.json}")
     return 0
 

@@ -11,7 +11,7 @@ The package follows the data's path; each subpackage imports only from those bef
 
 The top-level modules are the commands (``train``/``__main__``, ``generate``, ``predict``,
 ``evaluate``, ``demo``, ``cluster``) and four foundations every layer uses (``errors``,
-``cli``, ``fsutil``, ``logs``).
+``cli``, ``storage``, ``logs``).
 docs/architecture.md draws the cut. Importing the package is cheap: nothing here imports
 TensorFlow.
 """

@@ -59,7 +59,7 @@ def write_example_images(data_dir: str, out_dir: str, count: int) -> list[str]:
     """Writes the first ``count`` eval records as PNG files named by label; returns the paths."""
     import tensorflow as tf
 
-    from cifar10_estimator import fsutil
+    from cifar10_estimator import storage
     from cifar10_estimator.data import metadata, pipeline, schema
 
     os.makedirs(out_dir, exist_ok=True)
@@ -70,7 +70,7 @@ def write_example_images(data_dir: str, out_dir: str, count: int) -> list[str]:
         images, labels = pipeline.parse_batch(serialized)
         for j, (image, label) in enumerate(zip(images, labels.numpy())):
             path = os.path.join(out_dir, f"eval{j:02d}_{names[label]}.png")
-            fsutil.write_bytes_atomic(path, tf.io.encode_png(image).numpy())
+            storage.write_bytes_atomic(path, tf.io.encode_png(image).numpy())
             paths.append(path)
     return paths
 

@@ -46,12 +46,32 @@ def run_cli(main_fn: Callable[[], int | None], module: str) -> int:
     ``cli.invoked_as``; ``module`` is the command's module)."""
     prog = error_prefix(module)
     try:
-        return int(main_fn() or 0)
+        code = int(main_fn() or 0)
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     except Stopped as e:
-        return e.exit_status
+        code = e.exit_status
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if "tensorflow_io" in sys.modules:
+        _exit_before_teardown(code)
+    return code
+
+
+def _exit_before_teardown(code: int) -> None:
+    """Ends the process now, once its output is out: tensorflow-io 0.36's S3 file system
+    aborts the interpreter's teardown (SIGABRT, exit 134: tensorflow/io issue 1912), which
+    would hide the command's own exit status. Everything the command wrote is closed by now;
+    what is skipped is only the teardown."""
+    import logging
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

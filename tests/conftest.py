@@ -46,6 +46,7 @@ from trainer_fixtures import REPO, tiny_export, tiny_records  # noqa: F401  (fix
 
 _STATUS_AT_START = pytest.StashKey[list | None]()
 _CHECKOUT_CHANGES = pytest.StashKey[list]()
+_SUITE_STATUS = pytest.StashKey[int]()
 
 
 def _git_status() -> list[str] | None:
@@ -85,6 +86,7 @@ def _changes(before: list[str], after: list[str]) -> list[str]:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
+    session.config.stash[_SUITE_STATUS] = int(exitstatus)
     before = session.config.stash.get(_STATUS_AT_START, None)
     after = _git_status() if before is not None else None
     changes = _changes(before, after) if after is not None else []
@@ -94,6 +96,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         f"the test run changed the checkout {REPO} (git status --porcelain):", *changes]
     if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        session.config.stash[_SUITE_STATUS] = int(pytest.ExitCode.TESTS_FAILED)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -287,3 +290,14 @@ def listing(path) -> list[str]:
         for name in dirs + files:
             out.append(os.path.relpath(os.path.join(root, name), path))
     return sorted(out)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config) -> None:
+    """A suite process that loaded tensorflow-io (the tests keep s3:// in subprocesses, so
+    none should) would abort in its teardown with status 134 (tensorflow/io issue 1912) and
+    hide the suite's result: it ends with that result first."""
+    if "tensorflow_io" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(config.stash.get(_SUITE_STATUS, 1)))

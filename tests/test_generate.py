@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator import fsutil, generate
+from cifar10_estimator import storage, generate
 from cifar10_estimator.data import archives, metadata, pickles, sample_data, schema, writer
 from cifar10_estimator.errors import UserError
 from conftest import listing, md5, run_generator_cli
@@ -98,7 +98,7 @@ def test_output_dir_and_rerun(tmp_path, make_cifar_dir):
     assert sorted(os.listdir(out)) == sorted(OUTPUTS + [metadata.METADATA_FILENAME])
     assert not any(name.endswith(".tfrecords") for name in os.listdir(tmp_path / "src"))
     first = (out / "train.tfrecords").read_bytes()
-    assert (out / "train.tfrecords").stat().st_mode & 0o777 == fsutil.FILE_MODE
+    assert (out / "train.tfrecords").stat().st_mode & 0o777 == storage.FILE_MODE
     quiet_generate(str(tmp_path / "src"), str(out))  # a rerun replaces the files in place
     assert (out / "train.tfrecords").read_bytes() == first
     assert sorted(os.listdir(out)) == sorted(OUTPUTS + [metadata.METADATA_FILENAME])

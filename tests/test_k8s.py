@@ -118,7 +118,38 @@ def test_the_dockerfile_builds_the_image_the_manifest_runs(tfjob):
         lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     assert lines[0].startswith("FROM python:3.11")  # TensorFlow 2.15 stops at Python 3.11
     assert "COPY cifar10_estimator ./cifar10_estimator" in lines
-    assert any(line.startswith("RUN pip install --no-cache-dir .") for line in lines)
+    # The s3 extra: k8s/tfjob-s3.yaml's replicas read and write a bucket.
+    assert "RUN pip install --no-cache-dir '.[s3]' && rm -rf /src" in lines
     for spec in tfjob["spec"]["tfReplicaSpecs"].values():
         (container,) = spec["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", "cifar10_estimator"]
+
+
+S3_MANIFEST = os.path.join(REPO, "k8s", "tfjob-s3.yaml")
+
+
+def test_the_s3_variant_keeps_the_job_in_a_bucket_with_credentials_from_a_secret(validator):
+    with open(S3_MANIFEST) as f:
+        documents = [d for d in yaml.safe_load_all(f) if d]
+    assert [d["kind"] for d in documents] == ["TFJob"]  # no volume claim
+    (job,) = documents
+    validator.validate(job)
+    if os.path.isfile(OPERATOR_CRD):
+        with open(OPERATOR_CRD) as f:
+            crd = yaml.safe_load(f)
+        version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+        jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"]).validate(job)
+    parser = flags.build_parser()
+    for name, spec in job["spec"]["tfReplicaSpecs"].items():
+        pod = spec["template"]["spec"]
+        assert "volumes" not in pod, name
+        (container,) = pod["containers"]
+        assert "volumeMounts" not in container, name
+        args = parser.parse_args(container["args"])
+        if name == "PS":
+            continue  # a ps reads and writes nothing
+        assert args.job_dir.startswith("s3://") and args.data_dir.startswith("s3://"), name
+        env = {e["name"]: e for e in container["env"]}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "cifar10-s3", "key": key}
+        assert "AWS_REGION" in env

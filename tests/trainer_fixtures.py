@@ -132,24 +132,28 @@ def bomb_png(width: int, height: int) -> bytes:
             + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
-def trainer_env(tf_config: str | None = None) -> dict:
-    """This environment without a stray TF_CONFIG (or with the given one), unbuffered."""
+def trainer_env(tf_config: str | None = None, extra: dict | None = None) -> dict:
+    """This environment without a stray TF_CONFIG (or with the given one), unbuffered, plus
+    ``extra``."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env["PYTHONUNBUFFERED"] = "1"
     if tf_config:
         env["TF_CONFIG"] = tf_config
+    env.update(extra or {})
     return env
 
 
 class Trainer:
     """``python -m cifar10_estimator`` in the background, its log in a file."""
 
-    def __init__(self, args: list[str], log, tf_config: str | None = None):
+    def __init__(self, args: list[str], log, tf_config: str | None = None,
+                 env_extra: dict | None = None):
         self.log = log
         with open(log, "w") as out:
             self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args],
                                             stdout=out, stderr=subprocess.STDOUT,
-                                            cwd=work_dir(), env=trainer_env(tf_config))
+                                            cwd=work_dir(),
+                                            env=trainer_env(tf_config, env_extra))
 
     def text(self) -> str:
         return self.log.read_text()

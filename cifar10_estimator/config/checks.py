@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from cifar10_estimator.config.fields import flag, shown
 from cifar10_estimator.config.settings import (MULTI_WORKER_MIRRORED, TOWERS, TUTORIAL_CNN,
                                                TrainConfig)
+from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
 
 
@@ -120,9 +121,8 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
         raise UserError("--data-dir is required: the folder with the .tfrecords files")
     for name in ("job_dir", "data_dir", "export_dir"):
         path = getattr(config, name)
-        if path and "://" in path:
-            raise UserError(f"{flag(name)} {path}: object storage is not supported; use a "
-                            f"local folder or a shared file system (NFS) path")
+        if path:
+            storage.check_reachable(path, flag(name))
     _check_ranges(config)
     _check_schedule(config)
     _check_strategy(config)

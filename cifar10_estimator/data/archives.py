@@ -25,7 +25,7 @@ import urllib.request
 import zlib
 from typing import TextIO
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
 
@@ -137,7 +137,7 @@ def download(url: str, dest_path: str, expected_md5: str, *, timeout: float = 60
                "use --sample for the built-in sample data")
     os.makedirs(os.path.dirname(os.path.abspath(dest_path)), exist_ok=True)
     try:
-        with fsutil.atomic_path(dest_path) as tmp:
+        with storage.atomic_path(dest_path) as tmp:
             try:
                 response = urllib.request.urlopen(url, timeout=timeout)
             except ValueError as e:  # not a URL at all
@@ -232,7 +232,7 @@ def extract_batches(archive_path: str, dest_dir: str, archive: Archive = CIFAR10
     if os.path.lexists(final):
         raise UserError(f"{final} already exists; remove it to extract {archive_path} again")
     members = _MemberFilter(archive_path, archive.folder)
-    with fsutil.atomic_dir(final) as tmp:
+    with storage.atomic_dir(final) as tmp:
         try:
             with tarfile.open(archive_path, "r:*") as tar:
                 tar.extractall(tmp, filter=members)

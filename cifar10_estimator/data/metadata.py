@@ -15,10 +15,9 @@ can only be found while reading.
 import dataclasses
 import hashlib
 import json
-import os
 from typing import Any, Mapping, Optional, Sequence
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
 
@@ -51,9 +50,11 @@ class DatasetInfo:
 
 def file_facts(path: str, records: int) -> SplitFacts:
     """Size and SHA-256 of a written record file (~0.25 s for CIFAR-10's 123 MB train file)."""
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256")
-    return SplitFacts(records, os.path.getsize(path), digest.hexdigest())
+    digest = hashlib.sha256()
+    with storage.open_file(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return SplitFacts(records, storage.size(path), digest.hexdigest())
 
 
 def write_metadata(data_dir: str, splits: Mapping[str, SplitFacts], source: str,
@@ -69,14 +70,13 @@ def write_metadata(data_dir: str, splits: Mapping[str, SplitFacts], source: str,
             "splits": {k: {"records": v.records, "bytes": v.size, "sha256": v.sha256}
                        for k, v in splits.items()},
             "counts": {k: v.records for k, v in splits.items()}, "label_names": names}
-    fsutil.write_bytes_atomic(os.path.join(data_dir, METADATA_FILENAME),
+    storage.write_bytes_atomic(storage.join(data_dir, METADATA_FILENAME),
                               (json.dumps(body, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _read_metadata(data_dir: str) -> dict:
     try:
-        with open(os.path.join(data_dir, METADATA_FILENAME)) as f:
-            body = json.load(f)
+        body = json.loads(storage.read_bytes(storage.join(data_dir, METADATA_FILENAME)))
         return body if isinstance(body, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -110,7 +110,11 @@ def dataset_info(data_dir: str) -> DatasetInfo:
 def existing_record_path(data_dir: str, split: str) -> str:
     """The record file of ``split``; UserError that says how to make it if it is missing."""
     path = schema.record_path(data_dir, split)
-    if not os.path.isfile(path):
+    try:
+        found = storage.isfile(path)
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror}); check --data-dir") from None
+    if not found:
         raise UserError(f"{path} not found; generate the records with "
                         f"{schema.GENERATOR_COMMAND}")
     return path
@@ -129,7 +133,7 @@ def verify_split(data_dir: str, split: str) -> None:
     if expected is None:
         return  # no metadata (the original tutorial's files), or format 1: nothing to check
     regenerate = f"regenerate it with {schema.GENERATOR_COMMAND}"
-    size = os.path.getsize(path)
+    size = storage.size(path)
     if size != expected.size:
         raise UserError(f"{path} is {size:,} bytes but the generator wrote {expected.size:,} "
                         f"({METADATA_FILENAME}): it is truncated or was replaced; {regenerate}")
@@ -158,7 +162,7 @@ def find_corrupt_record_file(data_dir: str) -> Optional[str]:
     """The first record file of ``data_dir`` that fails to read to its end, if any."""
     for split in schema.SPLITS:
         path = schema.record_path(data_dir, split)
-        if os.path.exists(path):
+        if storage.exists(path):
             try:
                 count_records(path)
             except UserError:
@@ -171,11 +175,11 @@ def split_size(data_dir: str, split: str) -> int:
     path = existing_record_path(data_dir, split)
     info = dataset_info(data_dir)
     facts = info.splits.get(split)
-    if facts is not None and os.path.getsize(path) == facts.size:
+    if facts is not None and storage.size(path) == facts.size:
         return facts.records  # verify_split checks the bytes before training
-    meta_path = os.path.join(data_dir, METADATA_FILENAME)
+    meta_path = storage.join(data_dir, METADATA_FILENAME)
     # Format 1 metadata has only counts: trust them if at least as new as the records.
     if (facts is None and split in info.counts
-            and os.path.getmtime(meta_path) >= os.path.getmtime(path)):
+            and storage.mtime(meta_path) >= storage.mtime(path)):
         return info.counts[split]
     return count_records(path)

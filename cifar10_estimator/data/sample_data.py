@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.data import pickles, schema
 from cifar10_estimator.errors import UserError
 
@@ -209,7 +209,7 @@ def write_sample_data(data_dir: str, images_per_batch: int = DEFAULT_IMAGES_PER_
     final = os.path.join(data_dir, schema.BATCHES_DIRNAME)
     if os.path.lexists(final):
         raise UserError(f"{final} already exists; remove it or choose another --data-dir")
-    with fsutil.atomic_dir(final) as tmp:
+    with storage.atomic_dir(final) as tmp:
         for index, name in enumerate(schema.BATCH_FILES):
             # One independent stream per file: a batch does not depend on the others' sizes.
             rng = np.random.default_rng([seed, index])

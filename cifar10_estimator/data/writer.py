@@ -12,7 +12,7 @@ import os
 import time
 from typing import Callable, Iterator, Sequence, TextIO
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.data.sources import Source, load_source
 from cifar10_estimator.errors import UserError
@@ -35,13 +35,12 @@ def _all_or_nothing(final_paths: Sequence[str]) -> Iterator[list[str]]:
             for path in final_paths:
                 # Pushed before its atomic_path, so it runs just after that one's rename.
                 stack.push(note_renamed(path))
-                temps.append(stack.enter_context(fsutil.atomic_path(path)))
+                temps.append(stack.enter_context(storage.atomic_path(path)))
             yield temps
     except BaseException:
         # Non-empty only if a rename failed part-way: take back what this run put in place.
         for path in renamed:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+            storage.remove(path)
         raise
 
 
@@ -51,14 +50,38 @@ def write_tfrecords(source: Source, output_dir: str,
     import tensorflow as tf
 
     log = log or print
-    if os.path.lexists(output_dir) and not os.path.isdir(output_dir):
+    if (not storage.is_url(output_dir) and os.path.lexists(output_dir)
+            and not os.path.isdir(output_dir)):
         raise UserError(f"--output-dir {output_dir} exists and is not a folder")
-    os.makedirs(output_dir, exist_ok=True)
+    storage.check_writable(output_dir, "--output-dir")
     splits = list(source.splits)
     finals = [schema.record_path(output_dir, split) for split in splits]
     for path in finals:
-        if os.path.isdir(path):
+        if storage.isdir(path):
             raise UserError(f"{path} is a folder; remove it so that the records can be written")
+    facts: dict[str, metadata.SplitFacts] = {}
+    try:
+        facts = _write_splits(source, splits, finals, log, tf)
+    except (OSError, tf.errors.OpError) as e:
+        reason = e.strerror if isinstance(e, OSError) else e.message.strip().lstrip(": ")
+        reason = reason.splitlines()[0] if reason else "no answer"
+        raise UserError(f"cannot write the records in --output-dir {output_dir} ({reason}); "
+                        f"no record file was replaced; "
+                        f"{storage.fix_for(output_dir, '--output-dir')}") from None
+    # A split this source does not have (an image folder without validation/) must not leave
+    # an older run's file beside metadata that no longer describes it.
+    for split in schema.SPLITS:
+        stale = schema.record_path(output_dir, split)
+        if split not in facts and storage.isfile(stale):
+            storage.remove(stale)
+    metadata.write_metadata(output_dir, facts, source.description, source.label_names,
+                           source.dataset)
+    return {split: f.records for split, f in facts.items()}
+
+
+def _write_splits(source: Source, splits: list[str], finals: list[str],
+                  log: Callable[[str], None], tf) -> dict[str, metadata.SplitFacts]:
+    """Writes every split under a temporary name, then renames them all into place."""
     facts: dict[str, metadata.SplitFacts] = {}
     with _all_or_nothing(finals) as temps:
         for split, final, tmp in zip(splits, finals, temps):
@@ -72,15 +95,7 @@ def write_tfrecords(source: Source, output_dir: str,
             # Size and SHA-256 of what was written, for the trainer's check before training.
             facts[split] = metadata.file_facts(tmp, count)
             log(f"  {split}: {count:,} records")
-    # A split this source does not have (an image folder without validation/) must not leave
-    # an older run's file beside metadata that no longer describes it.
-    for split in schema.SPLITS:
-        stale = schema.record_path(output_dir, split)
-        if split not in facts and os.path.isfile(stale):
-            os.remove(stale)
-    metadata.write_metadata(output_dir, facts, source.description, source.label_names,
-                           source.dataset)
-    return {split: f.records for split, f in facts.items()}
+    return facts
 
 
 def generate_tfrecords(data_dir: str, output_dir: str | None = None,
@@ -109,6 +124,7 @@ def generate_tfrecords(data_dir: str, output_dir: str | None = None,
 
 
 def summary(counts: dict[str, int], output_dir: str, description: str, seconds: float) -> str:
+    where = output_dir if storage.is_url(output_dir) else os.path.abspath(output_dir)
     return (f"Done: {sum(counts.values()):,} records ("
             + ", ".join(f"{split} {n:,}" for split, n in counts.items())
-            + f") in {os.path.abspath(output_dir)} from {description}, {seconds:.1f} s")
+            + f") in {where} from {description}, {seconds:.1f} s")

@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
 from cifar10_estimator.errors import UserError
 
@@ -133,30 +133,26 @@ class AgreedStop:
     """Every task of an all-reduce job stops at one step after a signal to any of them."""
 
     def __init__(self, job_dir: str):
-        self.path = os.path.join(job_dir, STOP_FILE)
+        self.path = storage.join(job_dir, STOP_FILE)
         self.start_step: Optional[int] = None  # the global step this task started at
         self.stop_step: Optional[int] = None  # the step the job agreed to stop at, once read
 
     def clear(self) -> None:
         """Forgets an agreement of an earlier run (the chief, before its first step)."""
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            pass
+        storage.remove(self.path)
 
     def request(self, current_step: int) -> int:
         """Asks every task to stop at ``current_step`` + a margin (a signal came here)."""
         step = current_step + _STOP_MARGIN
         agreed = self._read()
         if agreed is None or agreed > step or agreed <= (self.start_step or 0):
-            fsutil.write_bytes_atomic(self.path, json.dumps({"step": step}).encode())
+            storage.write_bytes_atomic(self.path, json.dumps({"step": step}).encode())
             agreed = step
         return agreed
 
     def _read(self) -> Optional[int]:
         try:
-            with open(self.path) as f:
-                return int(json.load(f)["step"])
+            return int(json.loads(storage.read_bytes(self.path))["step"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -200,7 +196,7 @@ class AgreedStop:
 def wait_for_file(path: str, timeout_secs: float, what: str, poll_secs: float = 0.5) -> None:
     """Waits until ``path`` exists (a worker for the chief's settings record)."""
     deadline = time.monotonic() + timeout_secs
-    while not os.path.exists(path):
+    while not storage.exists(path):
         if time.monotonic() > deadline:
             raise UserError(f"{what} did not appear within {timeout_secs:g} s "
                             f"(--cluster-timeout-secs): {path}")

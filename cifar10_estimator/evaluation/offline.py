@@ -22,9 +22,11 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from cifar10_estimator import storage
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.errors import UserError
+from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_model, checkpoint_step
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.config.overlays import TUTORIAL_CNN_AVERAGE_DECAY
@@ -52,9 +54,11 @@ def default_report_path(model: Evaluated, split: str) -> str:
     (``eval_report_<split>_<version>.json`` in the export folder, which TensorFlow Serving
     ignores); never in the current folder."""
     if model.job_dir:
-        return os.path.join(model.job_dir, f"eval_report_{split}_step{model.global_step}.json")
-    base, version = os.path.split(os.path.abspath(model.export))
-    return os.path.join(base, f"eval_report_{split}_{version}.json")
+        return storage.join(model.job_dir,
+                            f"eval_report_{split}_step{model.global_step}.json")
+    export = model.export if storage.is_url(model.export) else os.path.abspath(model.export)
+    return storage.join(storage.parent(export),
+                        f"eval_report_{split}_{storage.basename(export)}.json")
 
 
 def load(path: str, checkpoint: Optional[str] = None,
@@ -74,7 +78,11 @@ def load(path: str, checkpoint: Optional[str] = None,
     Raises:
       UserError: ``path`` is none of those, or the checkpoint does not exist.
     """
-    if not os.path.isdir(path):
+    try:
+        folder = storage.isdir(path)
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
+    if not folder:
         raise UserError(f"{path} is not a folder; pass a SavedModel export or a job dir")
     version = _export_version(path)
     if version:
@@ -102,8 +110,8 @@ def _load_export(folder: str) -> Evaluated:
     num_classes = int(signature.structured_outputs["probabilities"].shape[-1])
     step = None
     try:
-        with open(os.path.join(folder, EVAL_METRICS_FILE)) as f:
-            step = int(json.load(f)["global_step"])
+        step = int(json.loads(storage.read_bytes(
+            storage.join(folder, EVAL_METRICS_FILE)))["global_step"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # an export without its evaluation's scalars
     return Evaluated(f"SavedModel {folder}{_computes_in(_export_dtype(folder))}",
@@ -115,8 +123,7 @@ def export_info(folder: str) -> dict:
     """An export's ``export.json``: its checkpoint, global step and compute dtype (empty for an
     export older than the file)."""
     try:
-        with open(os.path.join(folder, EXPORT_INFO_FILE)) as f:
-            info = json.load(f)
+        info = json.loads(storage.read_bytes(storage.join(folder, EXPORT_INFO_FILE)))
         return info if isinstance(info, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -169,7 +176,7 @@ def _recorded_params(job_dir: str, checkpoint: str,
         raise UserError(f"{checkpoint} holds neither network's variables; pass a job dir of "
                         f"this package")
     averaged = any(name.endswith("/" + AVERAGE_SUFFIX)
-                   for name, _ in tf.train.list_variables(checkpoint))
+                   for name in checkpoints.variable_shapes(checkpoint))
     # Any positive decay: only whether the run averaged its weights matters here.
     decay = TUTORIAL_CNN_AVERAGE_DECAY if averaged else 0.0
     return dataclasses.replace(found[0], moving_average_decay=decay), "fp32"

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 
 REPORT_FILE = "eval_report.json"
 # The scalars of an evaluation's line; the per-class ones and the confusion matrix go to the
@@ -82,7 +82,7 @@ def write(job_dir: str, report: dict) -> str:
 
 def write_file(path: str, report: dict) -> str:
     """Writes the report to ``path`` atomically; returns the path."""
-    fsutil.write_bytes_atomic(path, (json.dumps(report, indent=1) + "\n").encode())
+    storage.write_bytes_atomic(path, (json.dumps(report, indent=1) + "\n").encode())
     return path
 
 

@@ -19,6 +19,7 @@ from typing import Iterator, Optional
 
 import tensorflow as tf
 
+from cifar10_estimator import storage
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import networks
@@ -33,15 +34,7 @@ _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 def check_job_dir(job_dir: str, params: ModelParams,
                   num_classes: int = schema.NUM_CLASSES) -> None:
     """Creates ``job_dir`` if needed; UserError if it is unusable or holds another model."""
-    try:
-        os.makedirs(job_dir, exist_ok=True)
-        probe = os.path.join(job_dir, f".write-test-{os.getpid()}")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise UserError(f"--job-dir {job_dir} is not a writable folder ({e.strerror}); choose "
-                        f"another --job-dir") from None
+    storage.check_writable(job_dir, "--job-dir")
     latest = tf.train.latest_checkpoint(job_dir)
     if not latest:
         return
@@ -89,6 +82,7 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
     except tf.errors.OpError as e:
         reason = _full_disk(e.message)
         if reason is None:
+            _raise_if_unreachable(job_dir)
             raise
         raise UserError(_unwritable_checkpoint(job_dir, reason)) from None
     except Exception as e:
@@ -96,8 +90,29 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
         # (an IndexError for "File too large"), not as a TensorFlow one.
         reason = _full_disk(str(e))
         if reason is None:
+            _raise_if_unreachable(job_dir)
             raise
         raise UserError(_unwritable_checkpoint(job_dir, reason, "TensorBoard events")) from None
+
+
+def _raise_if_unreachable(job_dir: str) -> None:
+    """UserError if ``job_dir`` is on object storage that does not answer now (a server gone,
+    a network down): TensorFlow writes each checkpoint's index last, so the latest one in the
+    store is whole, and the same command resumes from it once the store answers."""
+    if not storage.is_url(job_dir):
+        return
+    # A write: tensorflow-io's S3 reads retry for about 50 s and then report a missing
+    # object, while a write to a server that does not answer fails at once.
+    probe = storage.join(job_dir, f".write-test-{os.getpid()}")
+    try:
+        storage.write_bytes(probe, b"probe")
+        storage.remove(probe)
+        return  # it answers: the error was something else
+    except OSError as e:
+        first = e.strerror or "no answer"
+    raise UserError(f"--job-dir {job_dir} stopped answering ({first}); every checkpoint the "
+                    f"store holds is whole. Rerun the same command to resume from the latest "
+                    f"once it answers again") from None
 
 
 def _full_disk(message: str) -> Optional[str]:

@@ -9,19 +9,28 @@ Why not ``fcntl``/``flock`` advisory locks: on the shared file systems a cluster
 unreliable or missing (NFS needs a working lock manager, FUSE-mounted buckets have none), and
 a lock held by a lost node is never released. Instead:
 
-- The lock is created with ``O_CREAT | O_EXCL``, atomic on local file systems and on NFS v3+.
+- On a file system the lock is created with ``O_CREAT | O_EXCL``, atomic on local file systems
+  and on NFS v3+. Object storage (``s3://``, ``gs://``) has no create-if-absent through
+  ``tf.io.gfile``, so there the lock is a lease: a trainer that finds none writes its own, waits
+  ``SETTLE_SECS`` and holds the lock only if the lease it reads back is still its own. Of two
+  trainers that both found none, the later write wins and the earlier trainer reads it back;
+  this holds while finding-then-writing takes less than ``SETTLE_SECS`` (one request's round
+  trip, milliseconds) and the store reads back what was written at once (S3 since December
+  2020, GCS always: both document strong read-after-write consistency).
 - It records the holder: host name, the kernel's boot id, pid and the process's start time.
 - The holder rewrites it every ``HEARTBEAT_SECS``; each rewrite bumps a counter.
 - A lock is stale when its holder is known dead: on the same machine (same host name and boot
   id), when no process with that pid and start time runs (a ``kill -9``, a container that
   restarted, even one that got the same pid); on another machine, when its counter does not move
-  for ``STALE_SECS`` (a power loss, a lost node). A stale lock is taken over (renamed away, so
-  that of two trainers racing for it only one wins) and the run goes on; a dead holder never
-  blocks a rerun, at worst it delays one on another machine by ``STALE_SECS``.
+  for ``STALE_SECS`` (a power loss, a lost node). A stale lock is taken over (on a file system
+  renamed away, so that of two trainers racing for it only one wins; on object storage deleted,
+  and the lease written anew as above) and the run goes on; a dead holder never blocks a rerun,
+  at worst it delays one on another machine by ``STALE_SECS``.
 - The holder deletes the lock when it ends, however it ends short of SIGKILL.
 
-Job dirs that are not local paths (``gs://...``) cannot be locked this way; the trainer says so
-and runs without a lock.
+What it does not do: fence a holder that stopped beating but still runs (a machine frozen for
+over ``STALE_SECS``, then thawed). Such a holder finds the lock taken over at its next beat and
+says so; the two then share the job dir until one ends.
 """
 
 import dataclasses
@@ -34,7 +43,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
 
 log = logging.getLogger("cifar10_estimator")
@@ -43,6 +52,9 @@ LOCK_FILE = "trainer.lock"
 HEARTBEAT_SECS = 10.0
 # Six missed heartbeats: a living holder on a busy machine still writes well within it.
 STALE_SECS = 60.0
+# A lease's wait before reading itself back, on object storage (see above). Two seconds is
+# hundreds of request round trips, and short beside a trainer's start.
+SETTLE_SECS = 2.0
 
 
 def _boot_id() -> str:
@@ -102,8 +114,7 @@ class Holder:
 
 def _read(path: str) -> Optional[Holder]:
     try:
-        with open(path) as f:
-            return Holder(**json.load(f))
+        return Holder(**json.loads(storage.read_bytes(path)))
     except FileNotFoundError:
         raise
     except (OSError, ValueError, TypeError):
@@ -114,10 +125,13 @@ class JobLock:
     """``with JobLock(job_dir):`` holds the job dir's lock for the block."""
 
     def __init__(self, job_dir: str, heartbeat_secs: float = HEARTBEAT_SECS,
-                 stale_secs: float = STALE_SECS, sleep: Callable[[float], None] = time.sleep):
-        self.path = os.path.join(job_dir, LOCK_FILE)
+                 stale_secs: float = STALE_SECS, settle_secs: float = SETTLE_SECS,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.path = storage.join(job_dir, LOCK_FILE)
+        self.job_dir = job_dir
         self.heartbeat_secs = heartbeat_secs
         self.stale_secs = stale_secs
+        self.settle_secs = settle_secs
         self._sleep = sleep
         self._me: Optional[Holder] = None
         self._stop = threading.Event()
@@ -133,20 +147,36 @@ class JobLock:
     def acquire(self) -> None:
         """Takes the lock, taking over a stale one; UserError if a living trainer holds it."""
         me = Holder.this_process()
-        while True:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY,
-                             fsutil.FILE_MODE)
-            except FileExistsError:
+        try:
+            while not self._create(me):
                 self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(dataclasses.asdict(me), f)
-            self._me = me
-            self._thread = threading.Thread(target=self._beat, name="job_lock_heartbeat",
-                                            daemon=True)
-            self._thread.start()
-            return
+        except OSError as e:
+            raise UserError(f"cannot write the lock {self.path} ({e.strerror}); "
+                            f"{storage.fix_for(self.job_dir, '--job-dir')}") from None
+        self._me = me
+        self._thread = threading.Thread(target=self._beat, name="job_lock_heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _create(self, me: Holder) -> bool:
+        """Writes ``me`` as the holder if there is none; whether this process now holds it."""
+        body = json.dumps(dataclasses.asdict(me)).encode()
+        if not storage.is_url(self.path):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, storage.FILE_MODE)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            return True
+        if storage.exists(self.path):
+            return False
+        storage.write_bytes_atomic(self.path, body)
+        self._sleep(self.settle_secs)  # a trainer that also found none writes meanwhile
+        try:
+            return _read(self.path) == me
+        except FileNotFoundError:
+            return False
 
     def _take_over_if_stale(self) -> None:
         try:
@@ -161,12 +191,15 @@ class JobLock:
                 raise self._refusal(holder)
         elif holder is not None and self._beats_on(holder):
             raise self._refusal(holder)
-        stale = f"{self.path}.stale-{os.getpid()}"
-        try:
-            os.rename(self.path, stale)  # of two trainers taking over, one wins
-        except FileNotFoundError:
-            return
-        os.remove(stale)
+        if storage.is_url(self.path):
+            storage.remove(self.path)  # the next lease decides between trainers taking over
+        else:
+            stale = f"{self.path}.stale-{os.getpid()}"
+            try:
+                os.rename(self.path, stale)  # of two trainers taking over, one wins
+            except FileNotFoundError:
+                return
+            os.remove(stale)
         log.info("took over %s: its holder (%s) is gone", self.path,
                  holder.describe() if holder else "unknown")
 
@@ -190,7 +223,7 @@ class JobLock:
 
     def _refusal(self, holder: Holder) -> UserError:
         return UserError(
-            f"--job-dir {os.path.dirname(self.path)} is in use by another trainer "
+            f"--job-dir {self.job_dir} is in use by another trainer "
             f"({holder.describe()}); wait for it to end, stop it, or use another --job-dir")
 
     def _beat(self) -> None:
@@ -200,8 +233,8 @@ class JobLock:
                     log.warning("%s was taken over by another trainer", self.path)
                     return
                 beat = dataclasses.replace(self._me, beat=self._me.beat + 1)
-                fsutil.write_bytes_atomic(self.path,
-                                          json.dumps(dataclasses.asdict(beat)).encode())
+                storage.write_bytes_atomic(self.path,
+                                           json.dumps(dataclasses.asdict(beat)).encode())
                 self._me = beat
             except OSError:
                 continue  # a full disk or a hiccup of the shared file system: beat again later
@@ -213,7 +246,7 @@ class JobLock:
             self._thread.join()
         try:
             if self._me is not None and _read(self.path) == self._me:
-                os.remove(self.path)
+                storage.remove(self.path)
         except (FileNotFoundError, OSError):
             pass
         self._me = None

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any, Mapping, Optional
 
-from cifar10_estimator import __version__, fsutil
+from cifar10_estimator import __version__, storage
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.config.fields import flag, shown
 from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
@@ -50,10 +50,9 @@ def run_settings(config: TrainConfig, dataset: str, num_classes: int,
 
 def read(job_dir: str) -> Optional[dict]:
     """The recorded settings of ``job_dir``, or None if there are none yet."""
-    path = os.path.join(job_dir, RECORD_FILE)
+    path = storage.join(job_dir, RECORD_FILE)
     try:
-        with open(path) as f:
-            body = json.load(f)
+        body = json.loads(storage.read_bytes(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
@@ -71,7 +70,7 @@ def write(job_dir: str, settings: Mapping[str, Any]) -> str:
     path = os.path.join(job_dir, RECORD_FILE)
     body = {"written_by": f"cifar10_estimator {__version__}", "settings": dict(settings)}
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    fsutil.write_bytes_atomic(path, text.encode())
+    storage.write_bytes_atomic(path, text.encode())
     return path
 
 

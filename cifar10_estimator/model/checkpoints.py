@@ -28,7 +28,22 @@ def checkpoint_step(checkpoint_path: str) -> int:
     match = _STEP_SUFFIX.search(checkpoint_path)
     if match:
         return int(match.group(1))
-    return int(tf.train.load_variable(checkpoint_path, tf.compat.v1.GraphKeys.GLOBAL_STEP))
+    return int(reader(checkpoint_path).get_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP))
+
+
+def reader(checkpoint_path: str):
+    """A reader of one checkpoint's variables, by its path prefix (``.../model.ckpt-1200``).
+
+    Not ``tf.train.load_checkpoint``: that first asks whether the path is a folder, and
+    TensorFlow's ``ram://`` file system says yes to any prefix of a file's name, so it looks for
+    a ``checkpoint`` file inside ``model.ckpt-1200`` and fails.
+    """
+    return tf.compat.v1.train.NewCheckpointReader(checkpoint_path)
+
+
+def variable_shapes(checkpoint_path: str) -> dict[str, list[int]]:
+    """Every variable of a checkpoint and its shape."""
+    return reader(checkpoint_path).get_variable_to_shape_map()
 
 
 def latest_step(job_dir: str) -> int:
@@ -46,7 +61,7 @@ def checkpoint_model(checkpoint_path: str) -> Optional[tuple[ModelParams, int]]:
     """The network in a checkpoint, from its variables: its ``ModelParams`` (``model``, and
     for a ResNet ``num_layers`` and ``resnet_version``) and its class count; None if it holds
     neither network. Raises ``tf.errors.OpError`` if it cannot be read."""
-    shapes = dict(tf.train.list_variables(checkpoint_path))
+    shapes = variable_shapes(checkpoint_path)
     if _TUTORIAL_OUTPUT in shapes:
         return ModelParams(model=TUTORIAL_CNN), shapes[_TUTORIAL_OUTPUT][0]
     blocks = {int(m.group(2)) for m in map(_BLOCK.match, shapes) if m and m.group(1) == "1"}

@@ -20,7 +20,7 @@ import os
 import time
 from typing import Callable, Mapping, Optional
 
-from cifar10_estimator import fsutil
+from cifar10_estimator import storage
 from cifar10_estimator.platform.precision import Measured, ProbeFailed
 
 log = logging.getLogger("cifar10_estimator")
@@ -87,7 +87,7 @@ class PrecisionCache:
         text = json.dumps({"format": _FORMAT, "entries": entries}, indent=1, sort_keys=True)
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fsutil.write_bytes_atomic(self.path, text.encode() + b"\n")
+            storage.write_bytes_atomic(self.path, text.encode() + b"\n")
         except OSError as e:
             log.info("cannot write the precision cache %s (%s); the next run measures again",
                      self.path, e.strerror or e)

@@ -10,11 +10,11 @@ with the same contest. Ties keep the earlier export.
 import json
 import logging
 import os
-import shutil
 from typing import Optional
 
 import tensorflow as tf
 
+from cifar10_estimator import storage
 from cifar10_estimator.model.checkpoints import checkpoint_gone
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.serving.export import EVAL_METRICS_FILE, export_saved_model
@@ -35,20 +35,21 @@ class BestExport:
 
     def __init__(self, settings: ModelSettings, export_dir: str):
         self.settings = settings
-        self.folder = os.path.join(export_dir, BEST_SUBDIR)
+        self.folder = storage.join(export_dir, BEST_SUBDIR)
 
     def _versions(self) -> list[str]:
-        if not os.path.isdir(self.folder):
+        if not storage.isdir(self.folder):
             return []
-        return [os.path.join(self.folder, v) for v in os.listdir(self.folder) if v.isdigit()]
+        return [storage.join(self.folder, v) for v in storage.listdir(self.folder)
+                if v.isdigit()]
 
     def best_accuracy(self) -> Optional[float]:
         """The highest accuracy among the best exports there are (None if there is none)."""
         best = None
         for version in self._versions():
             try:
-                with open(os.path.join(version, EVAL_METRICS_FILE)) as f:
-                    accuracy = float(json.load(f)["accuracy"])
+                accuracy = float(json.loads(storage.read_bytes(
+                    storage.join(version, EVAL_METRICS_FILE)))["accuracy"])
             except (OSError, ValueError, KeyError):
                 continue  # not one of ours
             best = accuracy if best is None else max(best, accuracy)
@@ -75,6 +76,6 @@ class BestExport:
                      os.path.basename(checkpoint_path))
             return None
         for version in older:
-            shutil.rmtree(version, ignore_errors=True)
+            storage.rmtree(version)
         log.info("best accuracy so far, %.2f%%: exported to %s", 100 * accuracy, path)
         return path

@@ -8,12 +8,12 @@ probabilities, and the export's ``assets.extra/class_names.txt`` the names (CIFA
 """
 
 import io
-import os
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from cifar10_estimator import storage
 from cifar10_estimator.data import images, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving.export import CLASS_NAMES_FILE
@@ -25,8 +25,7 @@ SAVED_MODEL_FILE = tf.saved_model.SAVED_MODEL_FILENAME_PB
 def load_image(path: str) -> tf.Tensor:
     """Decodes one image file to float32 [32, 32, 3] in 0..255 (RGB), as the records hold it."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = storage.read_bytes(path)
     except OSError as e:
         raise UserError(f"cannot read image {path}: {e.strerror}") from None
     images.check_file(io.BytesIO(data), path)
@@ -41,25 +40,31 @@ def load_image(path: str) -> tf.Tensor:
 def newest_export(folder: str) -> str:
     """``folder`` if it is a SavedModel, else its newest numbered version (as TensorFlow
     Serving picks from a base folder); UserError if it is neither."""
-    if os.path.isfile(os.path.join(folder, SAVED_MODEL_FILE)):
-        return folder
     try:
-        names = os.listdir(folder)
+        if storage.isfile(storage.join(folder, SAVED_MODEL_FILE)):
+            return folder
+        names = storage.listdir(folder)
+        # A numbered folder counts once its saved_model.pb is there: on object storage an
+        # export's files arrive one by one, that one last (export.py).
+        versions = [int(n) for n in names if n.isdigit()
+                    and storage.isfile(storage.join(folder, n, SAVED_MODEL_FILE))]
     except OSError as e:
         raise UserError(f"{folder} cannot be read as an export ({e.strerror}); pass a "
                         f"SavedModel folder or the export folder above them") from None
-    versions = [int(n) for n in names
-                if n.isdigit() and os.path.isfile(os.path.join(folder, n, SAVED_MODEL_FILE))]
     if not versions:
         raise UserError(f"{folder} is not a SavedModel folder (no {SAVED_MODEL_FILE}) and "
                         f"holds no numbered versions with one; pass JOB_DIR/export or "
                         f"JOB_DIR/export/<version>")
-    return os.path.join(folder, str(max(versions)))
+    return storage.join(folder, str(max(versions)))
 
 
 def load_model(saved_model_dir: str):
     """Loads the SavedModel and its serving_default signature; UserError if it is not one."""
-    if not os.path.isfile(os.path.join(saved_model_dir, SAVED_MODEL_FILE)):
+    try:
+        found = storage.isfile(storage.join(saved_model_dir, SAVED_MODEL_FILE))
+    except OSError as e:
+        raise UserError(f"{saved_model_dir} cannot be read ({e.strerror})") from None
+    if not found:
         raise UserError(f"{saved_model_dir} is not a SavedModel folder (no {SAVED_MODEL_FILE}); "
                         f"pass a numbered folder under the trainer's --export-dir")
     try:
@@ -78,8 +83,8 @@ def class_names(saved_model_dir: str, num_classes: int) -> tuple[str, ...]:
     ``class 0``, ``class 1``, ... for any other model whose file is missing or does not match.
     """
     try:
-        with open(os.path.join(saved_model_dir, CLASS_NAMES_FILE)) as f:
-            names = tuple(line.strip() for line in f if line.strip())
+        text = storage.read_text(storage.join(saved_model_dir, CLASS_NAMES_FILE))
+        names = tuple(line.strip() for line in text.splitlines() if line.strip())
     except (OSError, UnicodeDecodeError):
         names = ()
     if len(names) == num_classes:

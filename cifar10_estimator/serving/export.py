@@ -11,7 +11,10 @@ inputs, formats the whole input tensor into an error message it then drops, and 
 ``function_type_utils.bind_function_inputs``): 10 % of the time at batch 32.
 
 The SavedModel is written under a temporary name and renamed into ``<export_dir>/<unix time>``
-only when complete (the layout TensorFlow Serving watches).
+only when complete (the layout TensorFlow Serving watches). On object storage, which renames a
+folder object by object, it is written in a local temporary folder and uploaded with
+``saved_model.pb`` last: a numbered folder without it is an export still arriving (or cut
+short), and readers here skip it.
 """
 
 import concurrent.futures
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 from typing import Optional
 
@@ -26,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_step
 from cifar10_estimator.model.model_fn import ModelSettings
@@ -44,9 +49,9 @@ EXPORT_INFO_FILE = os.path.join(warmup.ASSETS_EXTRA, "export.json")
 
 def _remove_unfinished(export_dir: str) -> None:
     """Deletes temporary export folders that a killed run left behind."""
-    for name in os.listdir(export_dir):
+    for name in storage.listdir(export_dir):
         if name.startswith(".") and name.endswith(".tmp"):
-            shutil.rmtree(os.path.join(export_dir, name), ignore_errors=True)
+            storage.rmtree(storage.join(export_dir, name))
 
 
 def _set_classify_method(folder: str) -> None:
@@ -115,27 +120,45 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
             return pool.submit(export_saved_model, settings, checkpoint_path, export_dir,
                                metrics).result()
     weights = FrozenWeights(checkpoint_path, averaged=bool(settings.params.moving_average_decay))
-    version = int(time.time())
-    while os.path.exists(os.path.join(export_dir, str(version))):
-        version += 1
-    final = os.path.join(export_dir, str(version))
-    tmp = os.path.join(export_dir, f".{version}.tmp")
     requests = warmup.warmup_requests()
     module = ServingModule(settings, weights)
+    remote = storage.is_url(export_dir)
+    final = tmp = None
     try:
-        os.makedirs(export_dir, exist_ok=True)
-        _remove_unfinished(export_dir)
+        storage.makedirs(export_dir)
+        version = int(time.time())
+        while storage.exists(storage.join(export_dir, str(version))):
+            version += 1
+        final = storage.join(export_dir, str(version))
+        if remote:
+            tmp = tempfile.mkdtemp(prefix=f".{version}.", suffix=".tmp")
+        else:
+            _remove_unfinished(export_dir)
+            tmp = storage.join(export_dir, f".{version}.tmp")
         tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
         _set_classify_method(tmp)
         _write_assets(tmp, settings, requests, metrics, checkpoint_path)
-        # The rename is the commit: a numbered folder is always a complete export.
-        os.rename(tmp, final)
+        if remote:
+            storage.upload_tree(tmp, final, last=tf.saved_model.SAVED_MODEL_FILENAME_PB)
+        else:
+            # The rename is the commit: a numbered folder is always a complete export.
+            os.rename(tmp, final)
     except (OSError, tf.errors.OpError) as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean_up(tmp, final if remote else None)
         reason = e.strerror if isinstance(e, OSError) else e.message.splitlines()[0]
         raise UserError(f"cannot write the SavedModel under {export_dir}: {reason}; "
                         f"free space or choose another --export-dir") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean_up(tmp, final if remote else None)
         raise
+    if remote:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _clean_up(tmp: Optional[str], partial: Optional[str]) -> None:
+    """Removes a failed export's temporary folder and (object storage) what it uploaded."""
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if partial:
+        storage.rmtree(partial)

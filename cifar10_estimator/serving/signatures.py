@@ -35,7 +35,7 @@ import tensorflow as tf
 from cifar10_estimator.data import images as image_ops
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.model import networks
+from cifar10_estimator.model import checkpoints, networks
 from cifar10_estimator.model.model_fn import ModelSettings
 
 IMAGES_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
@@ -59,7 +59,7 @@ class FrozenWeights:
     def __init__(self, checkpoint_path: str, averaged: bool = False):
         self.checkpoint_path = checkpoint_path
         self.averaged = averaged
-        self.reader = tf.train.load_checkpoint(checkpoint_path)
+        self.reader = checkpoints.reader(checkpoint_path)
         self.shapes = self.reader.get_variable_to_shape_map()
         self.used: set[str] = set()
 

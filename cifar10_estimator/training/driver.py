@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from cifar10_estimator import storage
 from cifar10_estimator.config import overlays
 from cifar10_estimator.config.checks import validate
 from cifar10_estimator.config.settings import (MULTI_WORKER_MIRRORED, TOWERS, TrainConfig,
@@ -317,8 +318,8 @@ def _final_export(job: Job, step: int) -> Optional[str]:
 def _final_report_of(job: Job, step: int) -> Optional[dict]:
     """JOB/eval_report.json, if it reports the evaluation of ``step``."""
     try:
-        with open(os.path.join(job.config.job_dir, report.REPORT_FILE)) as f:
-            final = json.load(f)
+        final = json.loads(storage.read_bytes(
+            storage.join(job.config.job_dir, report.REPORT_FILE)))
         return final if final["global_step"] == step else None
     except (OSError, ValueError, KeyError, TypeError):
         return None

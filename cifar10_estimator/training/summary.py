@@ -9,6 +9,7 @@ import shlex
 import sys
 from typing import Optional
 
+from cifar10_estimator import storage
 from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
 from cifar10_estimator.training.driver import TrainResult
@@ -29,11 +30,17 @@ def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> lis
                      f"--data-dir {shlex.quote(config.data_dir)}")
         lines.append(f"  serve:      tensorflow_model_server --rest_api_port=8501 "
                      f"--model_name={SERVING_MODEL_NAME} --model_base_path="
-                     f"{shlex.quote(os.path.abspath(os.path.dirname(result.export_path)))}")
+                     f"{shlex.quote(_base_path(result.export_path))}")
     if result.report_path:
         lines.append(f"  report:     {result.report_path}")
     lines.append(f"  TensorBoard: {_tool('tensorboard')} --logdir {shlex.quote(config.job_dir)}")
     return lines
+
+
+def _base_path(export_path: str) -> str:
+    """The export folder above a numbered export (TF Serving's model base path)."""
+    base = storage.parent(export_path)
+    return base if storage.is_url(base) else os.path.abspath(base)
 
 
 def _tool(name: str) -> str:
