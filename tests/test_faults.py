@@ -60,8 +60,13 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
                                     cwd=tmp_path, stdout=log, stderr=log)
             try:
                 deadline = time.time() + 120
-                while time.time() < deadline and not STEP.search(log_path.read_text()):
-                    time.sleep(0.1)  # training is under way
+                # Training is under way, past the next checkpoint after the one it resumed
+                # from (so each kill can lose progress; on a loaded machine the first
+                # progress line can come before any checkpoint but step 0).
+                floor = (resumed[-1] if resumed else 0) + interval
+                while time.time() < deadline and max(
+                        map(int, STEP.findall(log_path.read_text())), default=-1) <= floor:
+                    time.sleep(0.1)
                 time.sleep(rng.uniform(0.0, 1.5))
             finally:
                 proc.send_signal(signal.SIGKILL)
