@@ -91,7 +91,7 @@ def trainer_flags(args, data_dir: str, job_dir: str, steps: int, extra: list[str
             "--train-steps", str(steps), "--save-checkpoints-steps", "100000",
             "--max-worker-delay-secs", "0", "--eval-throttle-secs", "100000",
             "--progress-secs", "0.5", "--seed", str(args.seed), "--precise-bn-batches", "0",
-            *extra]
+            "--lr-schedule", args.lr_schedule, *extra]
 
 
 def run_local(flags: list[str], recorder: Recorder) -> None:
@@ -202,6 +202,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="the first run's seed")
     parser.add_argument("--configs", default="local,1,2a,2s,r1,r2",
                         help=f"comma-separated subset of {','.join(CONFIGS)}")
+    parser.add_argument("--lr-schedule", default="cosine", choices=("cosine", "piecewise"),
+                        help="cosine (the default) ends each run at a learning rate near 0, so "
+                        "its accuracy is a finished schedule's; piecewise stays at the peak "
+                        "rate for short runs, whose accuracy then differs by up to 26 points "
+                        "between seeds (docs/performance.md)")
     parser.add_argument("--verbose", action="store_true", help="echo the tasks' logs")
     args = parser.parse_args()
     keys = [k for k in args.configs.split(",") if k]
@@ -210,8 +215,9 @@ def main() -> int:
         parser.error(f"unknown --configs {sorted(unknown)}; choose from {sorted(CONFIGS)}")
 
     print_machine_line()
-    print(f"ResNet-{args.num_layers}, batch {args.batch} per worker, {args.images:,} training "
-          f"images per run, {args.repeats} run(s) per configuration", flush=True)
+    print(f"ResNet-{args.num_layers}, batch {args.batch} per worker, {args.lr_schedule} learning "
+          f"rate, {args.images:,} training images per run, {args.repeats} run(s) per "
+          f"configuration", flush=True)
     results: dict[str, list[tuple[float, float, int, float]]] = {k: [] for k in keys}
     first_seed = args.seed
     with tempfile.TemporaryDirectory() as work:
