@@ -82,13 +82,17 @@ def os_errors(path: str) -> Iterator[None]:
     try:
         yield
     except tf.errors.NotFoundError as e:
-        raise FileNotFoundError(errno.ENOENT, _first_line(e), path) from None
+        raise FileNotFoundError(errno.ENOENT, reason(e), path) from None
     except tf.errors.OpError as e:
-        raise OSError(errno.EIO, _first_line(e), path) from None
+        raise OSError(errno.EIO, reason(e), path) from None
 
 
-def _first_line(error) -> str:
-    # tensorflow-io's S3 messages start with the (empty) name of the call that failed.
+def reason(error: BaseException) -> str:
+    """An error's own words, for a one-line message: an ``OSError``'s ``strerror``, a
+    TensorFlow error's first line (tensorflow-io's S3 messages start with the empty name of the
+    call that failed: ``": curlCode: 7, ..."``)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
     text = (getattr(error, "message", "") or str(error)).strip().lstrip(": ")
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -123,7 +127,7 @@ def check_reachable(path: str, flag: str) -> None:
         raise UserError(f"{flag} {path}: TensorFlow has no file system for {scheme(path)}://; "
                         f"use a local path, s3://, gs://, hdfs:// or ram://") from None
     except tf.errors.OpError as e:
-        raise UserError(f"{flag} {path} cannot be reached ({_first_line(e)}); "
+        raise UserError(f"{flag} {path} cannot be reached ({reason(e)}); "
                         f"{fix_for(path, flag)}") from None
     if missing:
         raise UserError(f"{flag} {path}: the bucket {bucket} does not exist or these "
@@ -138,19 +142,28 @@ def _bucket(path: str) -> Optional[str]:
     return f"{scheme(path)}://{name}/"
 
 
-def check_writable(folder: str, flag: str) -> None:
-    """Creates ``folder`` if needed and writes (then deletes) a small file in it; UserError
-    (one line, naming ``flag``) if that fails. On object storage a write is the one call that
-    reports a missing bucket, refused credentials or a server gone: tensorflow-io's reads and
-    ``makedirs`` answer "not there" for all three."""
+def write_failure(folder: str) -> Optional[str]:
+    """Creates ``folder`` if needed and writes (then deletes) a small file in it: why that
+    failed, or None. On object storage a write is the one call that reports a missing bucket,
+    refused credentials or a server gone, and at once: tensorflow-io's reads and ``makedirs``
+    answer "not there" for all three, reads only after about 50 s of retries."""
     try:
         makedirs(folder)
         probe = join(folder, f".write-test-{os.getpid()}")
         write_bytes(probe, b"probe")  # an object store uploads nothing for an empty write
         remove(probe)
     except OSError as e:
-        raise UserError(f"{flag} {folder} is not a writable folder ({e.strerror}); "
-                        f"{fix_for(folder, flag)}") from None
+        return reason(e)
+    return None
+
+
+def check_writable(folder: str, flag: str) -> None:
+    """UserError (one line, naming ``flag``) unless ``folder`` takes a write
+    (``write_failure``)."""
+    failure = write_failure(folder)
+    if failure is not None:
+        raise UserError(f"{flag} {folder} is not a writable folder ({failure}); "
+                        f"{fix_for(folder, flag)}")
 
 
 def exists(path: str) -> bool:

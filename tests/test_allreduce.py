@@ -21,7 +21,8 @@ from cifar10_estimator.config import checks, flags
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import checkpoint_step, run_module, trainer_args, trainer_env, work_dir
+from trainer_fixtures import (checkpoint_step, run_module, start_cluster, stop_cluster,
+                              trainer_args, trainer_env, work_dir)
 
 ALL_REDUCE = ["--distribution-strategy", "multi-worker-mirrored"]
 
@@ -183,13 +184,11 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
     log = tmp_path / "cluster.log"
-    with open(log, "w") as out:
-        cluster = subprocess.Popen(
-            [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2", "--",
-             *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", "800",
-                           "--save-checkpoints-steps", "100", "--eval-throttle-secs", "100000",
-                           "--progress-secs", "1")],
-            stdout=out, stderr=subprocess.STDOUT, cwd=work_dir(), env=trainer_env())
+    cluster = start_cluster(
+        ["--num-workers", "2", "--",
+         *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", "800",
+                       "--save-checkpoints-steps", "100", "--eval-throttle-secs", "100000",
+                       "--progress-secs", "1")], log)
     try:
         def wait_for(pattern, since=0, timeout=150):
             deadline = time.monotonic() + timeout
@@ -219,9 +218,7 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
         assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == agreed
         assert cluster.wait(timeout=300) == 0, log.read_text()[-4000:]
     finally:
-        if cluster.poll() is None:
-            cluster.send_signal(signal.SIGINT)
-            cluster.wait(timeout=60)
+        stop_cluster(cluster, log)  # the launcher and every task it started, if still running
     text = log.read_text()
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 800
     assert "[cluster] training finished" in text and "Traceback" not in text

@@ -63,9 +63,8 @@ def write_tfrecords(source: Source, output_dir: str,
     try:
         facts = _write_splits(source, splits, finals, log, tf)
     except (OSError, tf.errors.OpError) as e:
-        reason = e.strerror if isinstance(e, OSError) else e.message.strip().lstrip(": ")
-        reason = reason.splitlines()[0] if reason else "no answer"
-        raise UserError(f"cannot write the records in --output-dir {output_dir} ({reason}); "
+        raise UserError(f"cannot write the records in --output-dir {output_dir} "
+                        f"({storage.reason(e)}); "
                         f"no record file was replaced; "
                         f"{storage.fix_for(output_dir, '--output-dir')}") from None
     # A split this source does not have (an image folder without validation/) must not leave

@@ -101,16 +101,10 @@ def _raise_if_unreachable(job_dir: str) -> None:
     store is whole, and the same command resumes from it once the store answers."""
     if not storage.is_url(job_dir):
         return
-    # A write: tensorflow-io's S3 reads retry for about 50 s and then report a missing
-    # object, while a write to a server that does not answer fails at once.
-    probe = storage.join(job_dir, f".write-test-{os.getpid()}")
-    try:
-        storage.write_bytes(probe, b"probe")
-        storage.remove(probe)
+    failure = storage.write_failure(job_dir)
+    if failure is None:
         return  # it answers: the error was something else
-    except OSError as e:
-        first = e.strerror or "no answer"
-    raise UserError(f"--job-dir {job_dir} stopped answering ({first}); every checkpoint the "
+    raise UserError(f"--job-dir {job_dir} stopped answering ({failure}); every checkpoint the "
                     f"store holds is whole. Rerun the same command to resume from the latest "
                     f"once it answers again") from None
 

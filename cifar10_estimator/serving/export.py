@@ -145,8 +145,7 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
             os.rename(tmp, final)
     except (OSError, tf.errors.OpError) as e:
         _clean_up(tmp, final if remote else None)
-        reason = e.strerror if isinstance(e, OSError) else e.message.splitlines()[0]
-        raise UserError(f"cannot write the SavedModel under {export_dir}: {reason}; "
+        raise UserError(f"cannot write the SavedModel under {export_dir}: {storage.reason(e)}; "
                         f"free space or choose another --export-dir") from None
     except BaseException:
         _clean_up(tmp, final if remote else None)
