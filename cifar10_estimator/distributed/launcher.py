@@ -103,6 +103,11 @@ class Task:
     def exit_code(self) -> Optional[int]:
         return self.process.poll() if self.process else None
 
+    def signalled(self, code: Optional[int]) -> bool:
+        """Whether exit status ``code`` means a signal, not the launcher, stopped the task: 128
+        or more (the trainer's own 143 after SIGTERM, 130 after SIGINT), or killed outright."""
+        return code is not None and (code >= 128 or code < 0) and not self.stopped
+
 
 def plan(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1"
          ) -> list[Task]:
@@ -163,12 +168,11 @@ class Cluster:
         self.say(f"started {task.name} (pid {task.process.pid})")
 
     def _restart_signalled(self) -> None:
-        """Starts again every task that a signal stopped (not the launcher): exit status 128 or
-        more (the trainer's own 143 after SIGTERM, 130 after SIGINT), or killed outright. This
-        is what Kubernetes' ExitCode restart policy does; the task resumes as after a restart."""
+        """Starts again every task that a signal stopped (not the launcher). This is what
+        Kubernetes' ExitCode restart policy does; the task resumes as after a restart."""
         for task in self.tasks:
             code = task.exit_code
-            if code is not None and (code >= 128 or code < 0) and not task.stopped:
+            if task.signalled(code):
                 how = (f"exit status {code}" if code > 0
                        else f"killed by {signal.Signals(-code).name}")
                 self.say(f"{task.name} stopped by a signal ({how}): starting it again")
@@ -207,9 +211,12 @@ class Cluster:
                 time.sleep(_POLL_SECS)
                 now = time.monotonic()
                 self._restart_signalled()
-                bad = [t for t in self.tasks if t.exit_code not in (None, 0)]
+                # A task a signal stopped after the restart pass above is restarted by the next
+                # pass, not taken for a failure (each exit status is read once here).
+                codes = [(t, t.exit_code) for t in self.tasks]
+                bad = [(t, c) for t, c in codes if c not in (None, 0) and not t.signalled(c)]
                 if bad:
-                    failed = f"{bad[0].name} failed with exit status {bad[0].exit_code}"
+                    failed = f"{bad[0][0].name} failed with exit status {bad[0][1]}"
                     break
                 trainers = [t for t in self.tasks if t.task_type != "ps"]
                 ps = [t for t in self.tasks if t.task_type == "ps"]
