@@ -1,49 +1,57 @@
-"""Accuracy against epochs and wall time, trained to the end on real pictures: the paper recipe,
-the fast recipe and the same network in Keras.
+"""Time to accuracy on real pictures, as medians of several seeds: the paper recipe, the fast
+recipe (and candidate changes to it), and the same network in Keras; on the test split, or on a
+validation split held out for choosing a recipe's values.
 
-Four runs, one after the other, each in its own process:
+Rows (``--rows``, each run once per seed, the rows of a seed one after the other so that a
+drifting machine affects them alike; each in its own process):
 
-- ``paper``: our trainer, ``--recipe paper --train-epochs E``, with the learning-rate drops
-  scaled to the run. The default boundaries (82, 123, 300 epochs) belong to the default run of
-  80,000 steps at batch 128 over the tutorial's 45,000 training images, 227.6 epochs; each is
-  multiplied by E / 227.6, so a short run drops its rate at the same fractions of its length.
-- ``fast``: our trainer, ``--recipe fast --train-epochs F`` (plus ``--fast-flags``, to try
-  alternatives).
-- ``tutorial``: our trainer with the original tutorial's CNN, ``--model tutorial-cnn``, and
-  that model's own defaults (plain SGD at 0.1, weight decay 0.004 on its hidden layers, 24x24
-  crops with colour distortions, evaluation with weights averaged at 0.9999), E epochs.
+- ``paper``: our trainer, ``--recipe paper --train-epochs E`` (``--epochs``, default 15), with
+  the learning-rate drops scaled to the run. The default boundaries (82, 123, 300 epochs)
+  belong to the default run of 80,000 steps at batch 128 over the tutorial's 45,000 training
+  images, 227.6 epochs; each is multiplied by E / 227.6.
+- ``fast``: our trainer, ``--recipe fast`` with the recipe's own run length (config/overlays.py
+  ``RUN_LENGTHS``), or ``--fast-epochs``.
+- ``fast+NAME``: the fast recipe with one candidate change (``CANDIDATES``: warm-up, weight
+  averaging, no label smoothing, the peak rate, test-time mirroring, the run length; a
+  candidate's flags come last and win).
+- ``paper+NAME``: the paper recipe with one suspect of its gap to Keras changed
+  (``SUSPECTS``).
 - ``keras``: our ResNet built in Keras (``keras_resnet.build_resnet``) with the paper recipe:
   SGD with momentum 0.9, weight decay 2e-4, the same scaled piecewise schedule, batch 128,
-  ``model.fit`` on the same TFRecords through the package's own input pipeline (same
-  augmentation), evaluated after every epoch. It has neither our batch-norm decay ramp nor
-  precise batch norm, so its early evaluations use moving statistics that still remember their
-  start values.
+  ``model.fit`` on the same records through the package's own input pipeline (same
+  augmentation).
+- ``tutorial``: the original tutorial's CNN, ``--model tutorial-cnn``, with its own defaults.
 
-Every run evaluates the whole eval split after every epoch (a checkpoint per epoch and
-``--eval-throttle-secs 1`` for the trainer); the wall time of an evaluation is the time from
-the start of the run's process to its result line, evaluations included, as a user waits for
-them. The pictures are Zalando's Fashion-MNIST from Debian's ``dataset-fashion-mnist``
-(60,000 training and 10,000 test pictures, 28x28 grey, 10 classes), written as an image folder
-and converted by the package's own generator (``precise_bn_bench.make_records``); the records
-are kept in ``--work-dir`` for the next run, as are every run's job folder and full log
-(``WORK/runs/NAME/log.txt``, each line stamped with the seconds since the run started).
+A row followed by ``@AVX2`` runs with ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX2 kernels, a
+stand-in on an AVX-512 machine for a CPU without native bf16 (``--precision auto`` then trains
+in fp32, as on such a CPU).
 
-Printed: the machine, then per run a table of epoch, wall minutes and accuracy, then a summary:
-the paper run's final accuracy, when the fast run first reached it (and that time as a share of
-the paper run's), both runs at equal epochs, and Keras' final accuracy against ours.
+Every run evaluates as a user's run with default flags does (the trainer: every 10 minutes and
+at the end; Keras: at the end), on the whole evaluation split; ``--every-epoch`` evaluates after
+every epoch instead, for curves. A run's time is from the start of its process to its final
+evaluation's result line, as a user waits for it.
 
-    python benchmarks/convergence.py                      # ResNet-20, 15 and 5 epochs
-    python benchmarks/convergence.py --runs paper,fast --json /tmp/convergence.json
-    python benchmarks/convergence.py --runs fast --fast-epochs 8 --fast-flags "--label-smoothing 0"
+Data: Zalando's Fashion-MNIST from Debian's ``dataset-fashion-mnist`` (60,000 training and
+10,000 test pictures, 28x28 grey, 10 classes), written as an image folder and converted by the
+package's own generator (``precise_bn_bench.make_records``), kept in ``--work-dir`` for the
+next run. ``--per-class`` takes the first N training pictures of each class (1,000: a
+10,000-picture training set). ``--split validation`` evaluates on the last 1,000 training
+pictures of each class instead of the test pictures, and trains on at most the 5,000 before
+them: the split to choose values on; ``--split test`` (the default) is for reporting.
+
+Printed: the machine, a line per run as it ends, then one table: per row the median final
+accuracy with its lowest and highest over the seeds, the median epochs and wall minutes, and the
+row's median time as a share of the ``paper`` row's under the same oneDNN setting.
+
+    python benchmarks/convergence.py --per-class 1000 --split validation \\
+        --rows fast,fast+no-smoothing,fast+ema,fast+peak-0.3,fast+cosine-warmup,fast+mirror
+    python benchmarks/convergence.py --per-class 1000 \\
+        --rows paper,keras,fast,paper@AVX2,fast@AVX2 --json /tmp/convergence.json
     python benchmarks/convergence.py --per-class 30 --depth 8 --epochs 1 --fast-epochs 1 \\
-        --work-dir /tmp/convergence-try                 # a quick try of the plumbing
+        --seeds 1 --work-dir /tmp/convergence-try           # a quick try of the plumbing
 
-The defaults take about an hour on a 2-core CPU, estimated from the training rates in
-docs/performance.md (ResNet-20 in fp32 at about 740 images/s on its Xeon): about 20 minutes
-each for the paper and Keras runs (15 epochs of 60,000 pictures, 15 evaluations of 10,000),
-a few for the fast one (5 epochs), under a minute for the records; longer on AVX2-only CPUs
-(about 465 images/s under the AVX2 cap). ``--fast-flags`` takes a single flag as
-``--fast-flags=--xla`` (argparse reads a lone ``--xla`` as a flag of this script).
+On the full training set (no ``--per-class``) a paper or Keras run of ResNet-20 takes about
+20 minutes on a 2-core CPU, a fast one 5 to 8; on the 10,000-picture subset about a sixth.
 """
 
 import argparse
@@ -54,44 +62,64 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import keras_resnet
 import precise_bn_bench as fashion_mnist
 from machine import machine_line
 
 from cifar10_estimator import storage
+from cifar10_estimator.config import flags as trainer_flags
+from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
+from cifar10_estimator.config.settings import RESNET, ModelParams, TrainConfig
 from cifar10_estimator.data import metadata
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import import_tensorflow_quietly
-from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.platform import cpu
-from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
-from cifar10_estimator.config.settings import RESNET, TrainConfig
-from cifar10_estimator.config import flags as trainer_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = ("paper", "fast", "keras", "tutorial")
+BASES = ("paper", "fast", "keras", "tutorial")
+# Candidate changes to the fast recipe, chosen between on the validation split.
+CANDIDATES = {
+    # Weight averaging (Polyak and Juditsky 1992); 0.99 spans about 100 steps, a third to a
+    # half of a fast run on 10,000 pictures (39 steps per epoch at batch 256).
+    "ema": ["--moving-average-decay", "0.99"],
+    "no-smoothing": ["--label-smoothing", "0"],
+    # The peak at batch 256: 0.6 instead of the recipe's 0.4 (0.3 and 0.2 at batch 128).
+    "peak-0.3": ["--learning-rate", "0.3"],
+    # Linear warm-up for one epoch, then cosine decay to 0 (Goyal et al. 2017; Loshchilov and
+    # Hutter 2017), in place of the one-cycle's longer rise.
+    "cosine-warmup": ["--lr-schedule", "cosine", "--warmup-epochs", "1"],
+    # Test-time augmentation: the logits of each picture and its mirror, averaged.
+    "mirror": ["--test-time-mirror", "true"],
+    # Run lengths, in place of the recipe's own (or --fast-epochs).
+    "epochs-5": ["--train-epochs", "5"],
+    "epochs-8": ["--train-epochs", "8"],
+}
+# Suspects of the paper recipe's gap to Keras, each changed alone in our trainer.
+SUSPECTS = {
+    # Keras reads moving statistics as training left them; ours recomputes them per checkpoint.
+    "no-precise-bn": ["--precise-bn-batches", "0"],
+}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelParams)}
 # The training images the tutorial's 80,000 steps were counted against: its hard-coded 45,000
 # (config/overlays.py's comment on the ResNet's train_steps; docs/training.md, "The learning-rate
-# schedule"). Not a named constant in the package, which counts the records of the training
-# file instead: 40,000 for CIFAR-10 (data_batch_1-4, data/schema.py SPLITS), by which count the
-# default run is 256 epochs. This benchmark scales by the tutorial's 227.6.
+# schedule"). The package counts the records of the training file instead.
 TUTORIAL_TRAIN_IMAGES = 45_000
 # The default run in epochs: 80,000 x 128 / 45,000 = 227.6. The default boundaries
 # (ModelParams.lr_boundary_epochs) are placed within a run of this length.
-DEFAULT_RUN_EPOCHS = MODEL_OVERLAYS[RESNET]["train_steps"] * DEFAULTS["train_batch_size"] / TUTORIAL_TRAIN_IMAGES
-# Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747): 6,000 training and 1,000 test pictures
-# per class.
+DEFAULT_RUN_EPOCHS = (MODEL_OVERLAYS[RESNET]["train_steps"] * DEFAULTS["train_batch_size"]
+                      / TUTORIAL_TRAIN_IMAGES)
+# Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747): 1,000 test pictures per class.
 TEST_PER_CLASS = 1_000
 EVAL_BATCH_SIZE = 100  # the trainer's --eval-batch-size default; 10,000 test pictures divide it
-# The trainer's evaluation lines (evaluation/report.py evaluation_line, logged by
-# training/driver.py and evaluation/report.py; train.py logs the last one again as "final evaluation at step N: ...").
-# The accuracy is printed with 4 significant digits (0.8712, 1, 0.1).
+# The trainer's evaluation lines (evaluation/report.py evaluation_line; train.py logs the last
+# one again as "final evaluation at step N: ..."). 4 significant digits (0.8712, 1, 0.1).
 EVALUATION = re.compile(r"\bevaluation at step (\d+): accuracy = ([0-9.]+(?:e-?\d+)?)")
 # The trainer's line about the data (training/task.py): "... 60000 train records, 468 steps
 # per epoch, ..."; the Keras run prints the same words.
@@ -110,9 +138,10 @@ class Evaluation:
 @dataclasses.dataclass
 class Run:
     name: str
+    seed: int
     command: list[str]
+    env: dict
     log: str
-    batch_size: int
     steps_per_epoch: int
     evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
     minutes: float = 0.0  # the whole process, start to exit
@@ -122,25 +151,50 @@ class Run:
         return self.evaluations[-1]
 
 
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """``base[+change][@CAP]``: which run, which change to it, which oneDNN cap."""
+
+    spec: str
+    base: str
+    change: Optional[str]
+    cap: Optional[str]
+
+    @property
+    def flags(self) -> list[str]:
+        return list({**CANDIDATES, **SUSPECTS}.get(self.change, []))
+
+
+def parse_row(spec: str) -> Row:
+    name, _, cap = spec.partition("@")
+    base, _, change = name.partition("+")
+    changes = CANDIDATES if base == "fast" else SUSPECTS if base == "paper" else {}
+    if base not in BASES or (change and change not in changes) or (cap and cap != "AVX2"):
+        raise UserError(f"--rows: unknown row {spec!r}; rows are {', '.join(BASES)}, "
+                        f"fast+{{{','.join(CANDIDATES)}}}, paper+{{{','.join(SUSPECTS)}}}, "
+                        f"each optionally followed by @AVX2")
+    return Row(spec, base, change or None, cap or None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Data
 
 
-def prepare_data(work_dir: str, per_class: int | None) -> str:
-    """The Fashion-MNIST records folder in ``work_dir``, generated unless already there."""
-    name = "fashion-mnist-all" if per_class is None else f"fashion-mnist-{per_class}-per-class"
-    data_dir = os.path.join(work_dir, name)
+def prepare_data(work_dir: str, per_class: Optional[int], split: str) -> str:
+    """The Fashion-MNIST records folder in ``work_dir`` whose eval file is ``split``'s pictures,
+    generated unless already there."""
+    size = "all" if per_class is None else f"{per_class}-per-class"
+    data_dir = os.path.join(work_dir, f"fashion-mnist-{size}-{split}")
     ready = all(os.path.isfile(os.path.join(data_dir, f)) for f in (
         "train.tfrecords", "eval.tfrecords", metadata.METADATA_FILENAME))
     if ready:
         print(f"data: {data_dir} (already generated)", flush=True)
         return data_dir
     shutil.rmtree(data_dir, ignore_errors=True)  # incomplete (a file removed since)
-    test_per_class = None if per_class is None else min(per_class, TEST_PER_CLASS)
     started = time.monotonic()
     # Made in a temporary folder and renamed, so an interrupted run leaves no half cache.
     with storage.atomic_dir(data_dir) as tmp:
-        fashion_mnist.make_records(tmp, per_class, test_per_class)
+        fashion_mnist.make_records(tmp, per_class, None, validation=split == "validation")
     print(f"data: {data_dir} (generated in {time.monotonic() - started:.0f} s)", flush=True)
     return data_dir
 
@@ -175,16 +229,13 @@ def run_batch(flags: list[str]) -> int:
 
 def run_logged(run: Run) -> Run:
     """Runs ``run.command``, stamps every line of its output with the seconds since it started
-    (into ``run.log``), prints each evaluation as a table row as it arrives; exits on failure."""
+    (into ``run.log``) and collects its evaluations; exits on failure."""
     os.makedirs(os.path.dirname(run.log), exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env["PYTHONUNBUFFERED"] = "1"
-    print(f"  {'epoch':>7} | {'wall min':>8} | {'accuracy %':>10}", flush=True)
     tail: collections.deque[str] = collections.deque(maxlen=400)
     seen: set[int] = set()
     started = time.monotonic()
     proc = subprocess.Popen(run.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, cwd=REPO, env=env)
+                            stdin=subprocess.DEVNULL, text=True, cwd=REPO, env=run.env)
     with open(run.log, "w") as log:
         for line in proc.stdout:
             seconds = time.monotonic() - started
@@ -192,56 +243,68 @@ def run_logged(run: Run) -> Run:
             log.flush()
             tail.append(line)
             sizes = STEPS_PER_EPOCH.search(line)
-            if sizes and int(sizes.group(2)) != run.steps_per_epoch:
-                print(f"  note: the run counts {sizes.group(2)} steps per epoch, not "
-                      f"{run.steps_per_epoch}; using its figure", flush=True)
+            if sizes:
                 run.steps_per_epoch = int(sizes.group(2))
             match = EVALUATION.search(line)
             # The final evaluation is logged twice (as it happens and in the summary).
             if match and int(match.group(1)) not in seen:
                 step = int(match.group(1))
                 seen.add(step)
-                evaluation = Evaluation(step, step / run.steps_per_epoch, seconds / 60,
-                                        float(match.group(2)))
-                run.evaluations.append(evaluation)
-                print(f"  {evaluation.epoch:7.2f} | {evaluation.minutes:8.2f} | "
-                      f"{100 * evaluation.accuracy:10.2f}", flush=True)
+                run.evaluations.append(Evaluation(step, step / run.steps_per_epoch,
+                                                  seconds / 60, float(match.group(2))))
     status = proc.wait()
     run.minutes = (time.monotonic() - started) / 60
     if status or not run.evaluations:
         sys.stderr.write("".join(tail)[-FAILED_OUTPUT_CHARS:])
         problem = f"exited with status {status}" if status else "logged no evaluation"
-        raise SystemExit(f"the {run.name} run {problem}; its whole log: {run.log}")
-    print(f"  whole run: {run.minutes:.2f} min (log: {run.log})", flush=True)
+        raise SystemExit(f"the {run.name} run (seed {run.seed}) {problem}; its whole log: "
+                         f"{run.log}")
+    print(f"  {run.name}, seed {run.seed}: {100 * run.final.accuracy:.2f} % at epoch "
+          f"{run.final.epoch:.2f} after {run.final.minutes:.2f} min (log: {run.log})",
+          flush=True)
     return run
 
 
-def trainer_run(name: str, args, data_dir: str, train_records: int, epochs: float,
-                extra: list[str]) -> Run:
-    """Our trainer: --recipe NAME (paper or fast), or the paper recipe with the tutorial CNN."""
-    folder = os.path.join(args.work_dir, "runs", name)
+def run_env(row: Row) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", cpu.ONEDNN_CAP_ENV)}
+    env["PYTHONUNBUFFERED"] = "1"
+    if row.cap:
+        env[cpu.ONEDNN_CAP_ENV] = row.cap
+    return env
+
+
+def make_run(row: Row, seed: int, args, data_dir: str, train_records: int) -> Run:
+    """The command of one run of ``row``."""
+    folder = os.path.join(args.work_dir, "runs", row.spec.replace("@", "-at-"), f"seed-{seed}")
     shutil.rmtree(folder, ignore_errors=True)  # a fresh job folder: no resuming
-    model = (["--model", "tutorial-cnn", "--recipe", "paper"] if name == "tutorial" else
-             ["--num-layers", str(args.depth), "--recipe", name])
-    batch = run_batch([*model, *extra])
-    steps_per_epoch = epoch_steps(train_records, batch)
+    log = os.path.join(folder, "log.txt")
+    boundaries = scaled_boundaries(args.epochs)
+    if row.base == "keras":
+        command = [sys.executable, os.path.abspath(__file__), "--_keras-run",
+                   "--data-dir", data_dir, "--depth", str(args.depth), "--epochs",
+                   str(args.epochs), "--seeds", str(seed), "--lr-boundary-epochs", boundaries]
+        if args.every_epoch:
+            command.append("--every-epoch")
+        return Run(row.spec, seed, command, run_env(row), log,
+                   epoch_steps(train_records, keras_resnet.BATCH_SIZE))
+    if row.base == "tutorial":
+        flags = ["--model", "tutorial-cnn", "--recipe", "paper", "--train-epochs",
+                 f"{args.epochs:g}"]
+    elif row.base == "paper":
+        flags = ["--num-layers", str(args.depth), "--recipe", "paper", "--train-epochs",
+                 f"{args.epochs:g}", "--lr-boundary-epochs", boundaries]
+    else:
+        flags = ["--num-layers", str(args.depth), "--recipe", "fast"]
+        if args.fast_epochs is not None:
+            flags += ["--train-epochs", f"{args.fast_epochs:g}"]
+    flags += row.flags
+    steps_per_epoch = epoch_steps(train_records, run_batch(flags))
+    if args.every_epoch:
+        # A checkpoint per epoch, each evaluated as soon as it is written.
+        flags += ["--save-checkpoints-steps", str(steps_per_epoch), "--eval-throttle-secs", "1"]
     command = [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
-               "--job-dir", os.path.join(folder, "job"), *model,
-               "--train-epochs", f"{epochs:g}", "--seed", str(args.seed),
-               # A checkpoint per epoch, each evaluated as soon as it is written.
-               "--save-checkpoints-steps", str(steps_per_epoch), "--eval-throttle-secs", "1",
-               *extra]
-    return Run(name, command, os.path.join(folder, "log.txt"), batch, steps_per_epoch)
-
-
-def keras_run(args, data_dir: str, train_records: int, boundaries: str) -> Run:
-    folder = os.path.join(args.work_dir, "runs", "keras")
-    shutil.rmtree(folder, ignore_errors=True)
-    command = [sys.executable, os.path.abspath(__file__), "--_keras-run",
-               "--data-dir", data_dir, "--depth", str(args.depth), "--epochs", str(args.epochs),
-               "--seed", str(args.seed), "--lr-boundary-epochs", boundaries]
-    return Run("keras", command, os.path.join(folder, "log.txt"), keras_resnet.BATCH_SIZE,
-               epoch_steps(train_records, keras_resnet.BATCH_SIZE))
+               "--job-dir", os.path.join(folder, "job"), "--seed", str(seed), *flags]
+    return Run(row.spec, seed, command, run_env(row), log, steps_per_epoch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +313,7 @@ def keras_run(args, data_dir: str, train_records: int, boundaries: str) -> Run:
 
 def train_keras(args) -> int:
     """Trains our ResNet with Keras' ``model.fit`` and the paper recipe; prints the trainer's
-    data line and one trainer-style evaluation line per epoch, which the parent reads."""
+    data line and a trainer-style evaluation line per evaluation, which the parent reads."""
     expected = keras_resnet.expected_params(args.depth)
     cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as our command lines do (cpu.py)
     import_tensorflow_quietly()  # without its load-time C++ lines, as the trainer
@@ -258,7 +321,8 @@ def train_keras(args) -> int:
 
     from cifar10_estimator.data.pipeline import Cifar10DataSet
 
-    tf.keras.utils.set_random_seed(args.seed)
+    seed = int(args.seeds)
+    tf.keras.utils.set_random_seed(seed)
     train = Cifar10DataSet(args.data_dir, "train")
     train_records = train.num_examples()
     steps_per_epoch = epoch_steps(train_records, keras_resnet.BATCH_SIZE)
@@ -284,13 +348,15 @@ def train_keras(args) -> int:
                   # leave out the eval batches' padding rows (weight 0).
                   weighted_metrics=[tf.keras.metrics.SparseCategoricalAccuracy("accuracy")])
 
-    images = train.make_batch(keras_resnet.BATCH_SIZE, seed=args.seed).map(
+    images = train.make_batch(keras_resnet.BATCH_SIZE, seed=seed).map(
         lambda features, labels: (features["image"], labels))
     evaluation = Cifar10DataSet(args.data_dir, "eval").make_batch(EVAL_BATCH_SIZE).map(
         lambda features, labels: (features["image"], labels, features["weight"]))
 
     class EvaluationLine(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
+            if "val_accuracy" not in logs:
+                return
             # After the epoch's validation pass; the same words as the trainer's line, then
             # the epoch's training figures (batch statistics, augmented images) for the log.
             print(f"evaluation at step {(epoch + 1) * steps_per_epoch}: accuracy = "
@@ -299,63 +365,37 @@ def train_keras(args) -> int:
                   f"{logs['loss']:.4g}", flush=True)
 
     model.fit(images, epochs=args.epochs, steps_per_epoch=steps_per_epoch,
-              validation_data=evaluation, verbose=0, callbacks=[EvaluationLine()])
+              validation_data=evaluation, validation_freq=1 if args.every_epoch else args.epochs,
+              verbose=0, callbacks=[EvaluationLine()])
     return 0
 
 
 # ---------------------------------------------------------------------------------------------
-# Summary
+# The table
 
 
-def nearest(run: Run, epoch: float) -> Evaluation:
-    return min(run.evaluations, key=lambda e: abs(e.epoch - epoch))
-
-
-def summarise(runs: dict[str, Run]) -> dict:
-    """Prints the comparisons the selected runs allow; returns them for the JSON."""
-    summary: dict = {}
-    paper, fast, keras = runs.get("paper"), runs.get("fast"), runs.get("keras")
-    if paper is None:
-        return summary
-    target = paper.final
-    print(f"paper: {100 * target.accuracy:.2f}% at epoch {target.epoch:.2f}, after "
-          f"{target.minutes:.2f} min")
-    summary["paper"] = {"accuracy": target.accuracy, "epoch": target.epoch,
-                        "minutes": target.minutes}
-    if fast is not None:
-        reached = next((e for e in fast.evaluations if e.accuracy >= target.accuracy), None)
-        if reached is None:
-            print(f"fast: not reached (best {100 * max(e.accuracy for e in fast.evaluations):.2f}"
-                  f"%, final {100 * fast.final.accuracy:.2f}% after {fast.final.minutes:.2f} "
-                  f"min)")
-            summary["fast_reached"] = None
-        else:
-            # The paper run's time to its final evaluation (its export after it left out).
-            ratio = reached.minutes / target.minutes
-            print(f"fast: reached {100 * reached.accuracy:.2f}% at epoch {reached.epoch:.2f}, "
-                  f"after {reached.minutes:.2f} min: {ratio:.2f} of the paper run's time")
-            summary["fast_reached"] = {**dataclasses.asdict(reached), "time_ratio": ratio}
-        print("at equal epochs (fast against the paper run's nearest evaluation):")
-        pairs = []
-        for e in fast.evaluations:
-            p = nearest(paper, e.epoch)
-            print(f"  epoch {e.epoch:6.2f}: fast {100 * e.accuracy:6.2f}%, paper "
-                  f"{100 * p.accuracy:6.2f}% (epoch {p.epoch:.2f})")
-            pairs.append({"epoch": e.epoch, "fast": e.accuracy, "paper_epoch": p.epoch,
-                          "paper": p.accuracy})
-        summary["equal_epochs"] = pairs
-    tutorial = runs.get("tutorial")
-    if tutorial is not None:
-        print(f"tutorial CNN: {100 * tutorial.final.accuracy:.2f}% at epoch "
-              f"{tutorial.final.epoch:.2f}, after {tutorial.final.minutes:.2f} min")
-        summary["tutorial"] = dataclasses.asdict(tutorial.final)
-    if keras is not None:
-        points = 100 * (keras.final.accuracy - target.accuracy)
-        print(f"keras: {100 * keras.final.accuracy:.2f}% at epoch {keras.final.epoch:.2f}, "
-              f"{points:+.2f} points against the paper run")
-        summary["keras"] = {"accuracy": keras.final.accuracy, "epoch": keras.final.epoch,
-                            "points_vs_paper": points}
-    return summary
+def table(rows: list[Row], runs: dict[str, list[Run]]) -> list[dict]:
+    """Prints one line per row (medians over its seeds); returns the same figures."""
+    figures = []
+    paper_minutes = {row.cap: statistics.median(r.final.minutes for r in runs[row.spec])
+                     for row in rows if row.base == "paper" and not row.change}
+    print(f"{'row':<24} {'oneDNN':<7} {'seeds':>5} {'accuracy % (low-high)':>22} "
+          f"{'epochs':>7} {'minutes':>8} {'/ paper':>8}")
+    for row in rows:
+        done = runs[row.spec]
+        accuracy = [100 * r.final.accuracy for r in done]
+        minutes = statistics.median(r.final.minutes for r in done)
+        ratio = minutes / paper_minutes[row.cap] if row.cap in paper_minutes else None
+        figure = {"row": row.spec, "cap": row.cap, "seeds": [r.seed for r in done],
+                  "accuracy": statistics.median(accuracy), "low": min(accuracy),
+                  "high": max(accuracy), "epochs": statistics.median(r.final.epoch for r in done),
+                  "minutes": minutes, "time_vs_paper": ratio}
+        figures.append(figure)
+        spread = f"{figure['accuracy']:.2f} ({figure['low']:.2f}-{figure['high']:.2f})"
+        print(f"{row.spec:<24} {row.cap or 'native':<7} {len(done):>5} {spread:>22} "
+              f"{figure['epochs']:>7.2f} {minutes:>8.2f} "
+              f"{'' if ratio is None else f'{ratio:.2f}':>8}", flush=True)
+    return figures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,36 +403,41 @@ def summarise(runs: dict[str, Run]) -> dict:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="paper,keras,fast,paper@AVX2,fast@AVX2",
+                        help="the rows, comma-separated (default paper,keras,fast,paper@AVX2,"
+                             "fast@AVX2); see the module's help")
+    parser.add_argument("--seeds", default="1,2,3", help="seeds, comma-separated (default 1,2,3)")
+    parser.add_argument("--split", default="test", choices=("test", "validation"),
+                        help="evaluate on the test pictures (default) or on held-out training "
+                             "pictures, for choosing")
     parser.add_argument("--epochs", type=int, default=15,
-                        help="epochs of the paper and Keras runs (default 15)")
-    parser.add_argument("--fast-epochs", type=float, default=5.0,
-                        help="epochs of the fast run (default 5)")
+                        help="epochs of the paper, Keras and tutorial runs (default 15)")
+    parser.add_argument("--fast-epochs", type=float, default=None,
+                        help="epochs of the fast runs (default: the recipe's own length)")
     parser.add_argument("--depth", type=int, default=20, help="ResNet depth, 6n+2 (default 20)")
-    parser.add_argument("--runs", default=",".join(RUNS),
-                        help=f"which runs, in this order (default {','.join(RUNS)})")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--per-class", type=int, default=None,
-                        help="training (and, up to 1,000, test) pictures per class (default: "
-                             "all, 6,000 and 1,000)")
+                        help="training pictures per class (default: all)")
+    parser.add_argument("--every-epoch", action="store_true",
+                        help="evaluate after every epoch (default: as a default run does)")
     parser.add_argument("--work-dir", default="/tmp/convergence-bench",
                         help="records (kept for reruns), job folders and logs")
-    parser.add_argument("--fast-flags", default="",
-                        help='more trainer flags for the fast run, e.g. "--label-smoothing 0"')
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write every figure to PATH as JSON")
-    # The Keras run's own process (train_keras) and its two flags of its own.
+    # The Keras run's own process (train_keras).
     parser.add_argument("--_keras-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     parser.add_argument("--lr-boundary-epochs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._keras_run:
         return args
-    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    unknown = sorted(set(runs) - set(RUNS))
-    if unknown or not runs or len(set(runs)) != len(runs):
-        parser.error(f"--runs: a subset of {','.join(RUNS)} without repeats, got {args.runs!r}")
-    args.runs = runs
-    if args.epochs < 1 or args.fast_epochs <= 0:
+    args.rows = [parse_row(r.strip()) for r in args.rows.split(",") if r.strip()]
+    if not args.rows or len({r.spec for r in args.rows}) != len(args.rows):
+        parser.error("--rows: one or more rows, without repeats")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: whole numbers, comma-separated, got {args.seeds!r}")
+    if args.epochs < 1 or (args.fast_epochs is not None and args.fast_epochs <= 0):
         parser.error("--epochs must be 1 or more and --fast-epochs above 0")
     if args.per_class is not None and args.per_class < 1:
         parser.error("--per-class must be 1 or more")
@@ -408,43 +453,30 @@ def main(argv=None) -> int:
     fashion_mnist.check_source()
     machine = machine_line()
     print(machine, flush=True)
-    data_dir = prepare_data(args.work_dir, args.per_class)
+    data_dir = prepare_data(args.work_dir, args.per_class, args.split)
     train_records = metadata.split_size(data_dir, "train")
     eval_records = metadata.split_size(data_dir, "eval")
-    boundaries = scaled_boundaries(args.epochs)
-    drops = ", ".join(f"{b:g}" for b in MODEL_DEFAULTS["lr_boundary_epochs"])
-    print(f"Fashion-MNIST: {train_records:,} training and {eval_records:,} test pictures; "
-          f"ResNet-{args.depth}, seed {args.seed}; paper schedule: drops at epochs {boundaries} "
-          f"(the default {drops} x {args.epochs} / {DEFAULT_RUN_EPOCHS:.1f})", flush=True)
-
-    runs: dict[str, Run] = {}
-    for name in args.runs:
-        if name == "paper":
-            run = trainer_run("paper", args, data_dir, train_records, args.epochs,
-                              ["--lr-boundary-epochs", boundaries])
-        elif name == "fast":
-            run = trainer_run("fast", args, data_dir, train_records, args.fast_epochs,
-                              shlex.split(args.fast_flags))
-        elif name == "tutorial":
-            run = trainer_run("tutorial", args, data_dir, train_records, args.epochs, [])
-        else:
-            run = keras_run(args, data_dir, train_records, boundaries)
-        print(f"\n{name}: batch {run.batch_size}, {run.steps_per_epoch} steps per epoch\n  "
-              f"{shlex.join(run.command)}", flush=True)
-        runs[name] = run_logged(run)
-
+    print(f"Fashion-MNIST: {train_records:,} training pictures, {eval_records:,} {args.split} "
+          f"pictures; ResNet-{args.depth}; seeds {args.seeds}; paper schedule: drops at epochs "
+          f"{scaled_boundaries(args.epochs)} (the defaults x {args.epochs} / "
+          f"{DEFAULT_RUN_EPOCHS:.1f})", flush=True)
+    runs: dict[str, list[Run]] = {row.spec: [] for row in args.rows}
+    for seed in args.seeds:
+        for row in args.rows:
+            run = make_run(row, seed, args, data_dir, train_records)
+            runs[row.spec].append(run_logged(run))
     print()
-    summary = summarise(runs)
+    print(machine)
+    figures = table(args.rows, runs)
     if args.json:
         body = {"machine": machine, "data": {"dir": data_dir, "train": train_records,
-                                             "eval": eval_records},
-                "settings": {"epochs": args.epochs, "fast_epochs": args.fast_epochs,
-                             "depth": args.depth, "seed": args.seed,
-                             "per_class": args.per_class, "fast_flags": args.fast_flags,
-                             "paper_lr_boundary_epochs": boundaries},
-                "runs": {name: dataclasses.asdict(run) for name, run in runs.items()},
-                "summary": summary}
-        storage.write_bytes_atomic(args.json, (json.dumps(body, indent=1) + "\n").encode())
+                                             args.split: eval_records},
+                "settings": {k: v for k, v in vars(args).items() if k != "rows"},
+                "table": figures,
+                "runs": {spec: [dataclasses.asdict(r) for r in done]
+                         for spec, done in runs.items()}}
+        storage.write_bytes_atomic(args.json, (json.dumps(body, indent=1, default=str)
+                                               + "\n").encode())
         print(f"figures written to {args.json}")
     return 0
 

@@ -53,30 +53,50 @@ def check_source() -> None:
         raise SystemExit(f"{SOURCE} not found: apt-get install dataset-fashion-mnist")
 
 
-def write_image_folder(root: str, per_class: int | None, test_per_class: int | None) -> None:
+# Training pictures per class in Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747); a
+# validation split holds out the last HELD_OUT of each class.
+TRAIN_PER_CLASS = 6_000
+HELD_OUT = 1_000
+
+
+def write_image_folder(root: str, per_class: int | None, test_per_class: int | None,
+                       validation: bool = False) -> None:
     """Writes ``root/train/<class>/*.png`` and ``root/test/<class>/*.png``: the first
-    ``per_class`` training and ``test_per_class`` test pictures of each class (None: all)."""
+    ``per_class`` training and ``test_per_class`` test pictures of each class (None: all).
+    With ``validation`` the test folder gets the last ``HELD_OUT`` training pictures of each
+    class instead, and the training folder at most the ones before them."""
     from PIL import Image
 
-    for split, prefix, count in (("train", "train", per_class), ("test", "t10k", test_per_class)):
-        images = _idx(f"{prefix}-images-idx3-ubyte.gz")
-        labels = _idx(f"{prefix}-labels-idx1-ubyte.gz")
+    train_count = per_class
+    if validation:
+        train_count = min(per_class or TRAIN_PER_CLASS, TRAIN_PER_CLASS - HELD_OUT)
+    images = {prefix: (_idx(f"{prefix}-images-idx3-ubyte.gz"),
+                       _idx(f"{prefix}-labels-idx1-ubyte.gz")) for prefix in ("train", "t10k")}
+    for split in ("train", "test"):
         for label, name in enumerate(NAMES):
+            if split == "train" or validation:
+                pixels, labels = images["train"]
+                indices = np.flatnonzero(labels == label)
+                indices = indices[:train_count] if split == "train" else indices[-HELD_OUT:]
+            else:
+                pixels, labels = images["t10k"]
+                indices = np.flatnonzero(labels == label)[:test_per_class]
             folder = os.path.join(root, split, name)
             os.makedirs(folder)
-            for i, index in enumerate(np.flatnonzero(labels == label)[:count]):
-                Image.fromarray(images[index]).save(os.path.join(folder, f"{i:04d}.png"))
+            for i, index in enumerate(indices):
+                Image.fromarray(pixels[index]).save(os.path.join(folder, f"{i:04d}.png"))
 
 
-def make_records(data_dir: str, per_class: int | None, test_per_class: int | None) -> None:
+def make_records(data_dir: str, per_class: int | None, test_per_class: int | None,
+                 validation: bool = False) -> None:
     """Fashion-MNIST as the package's TFRecords in ``data_dir``: an image folder of PNG files
     (``write_image_folder``, in a temporary folder beside ``data_dir``, removed afterwards)
     converted by ``tools/generate_tfrecords.py``; train = the training pictures, eval = the
-    test pictures."""
+    test pictures (with ``validation``, the held-out training pictures)."""
     parent = os.path.dirname(os.path.abspath(data_dir))
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".pictures-") as pictures:
-        write_image_folder(pictures, per_class, test_per_class)
+        write_image_folder(pictures, per_class, test_per_class, validation)
         generator = os.path.join(REPO, "tools", "generate_tfrecords.py")
         proc = subprocess.run([sys.executable, generator, "--data-dir", data_dir,
                                "--image-folder", pictures], check=False, capture_output=True,

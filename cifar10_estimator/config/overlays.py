@@ -7,12 +7,14 @@ strongest: the fields' defaults (``settings``), the model's overlay, the strateg
 recipe's, and the flags given on the command line (``flags.parse``). The trainer logs every setting a recipe
 may set, marking those given (``describe``).
 
-A run length is one fact: a model's overlay gives ``train_steps``, and ``--train-epochs``
-(given or a recipe's) replaces it.
+A run length is one fact: a model's overlay gives ``train_steps``; a recipe with a length of
+its own (``RUN_LENGTHS``) replaces it with epochs that follow the training file's size, and
+``--train-epochs`` or ``--train-steps`` given replace either.
 """
 
 import dataclasses
-from typing import Any, Mapping
+import math
+from typing import Any, Mapping, Optional
 
 from cifar10_estimator.config.fields import flag, shown
 from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, RECIPE_FIELDS,
@@ -67,6 +69,34 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         "precision": "auto",
     },
 }
+# A recipe's own run length, in epochs, for a training file of N records, where neither
+# --train-epochs nor --train-steps is given: through points (N, epochs) measured with
+# benchmarks/convergence.py on a validation split (docs/performance.md, "Time to accuracy"),
+# straight in log N between them and flat beyond them. A smaller file has fewer steps per epoch
+# and needs more epochs to reach the paper recipe's accuracy.
+RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
+    "fast": ((10_000, 8.0), (60_000, 6.0)),
+}
+
+
+def recipe_epochs(recipe: str, train_records: int) -> Optional[float]:
+    """The epochs ``recipe`` trains on ``train_records`` records (RUN_LENGTHS); None for a
+    recipe without a length of its own (the model's steps apply)."""
+    points = RUN_LENGTHS.get(recipe)
+    if not points:
+        return None
+    (n0, e0), (n1, e1) = points[0], points[-1]
+    if train_records <= n0:
+        return e0
+    if train_records >= n1:
+        return e1
+    for (lo, e_lo), (hi, e_hi) in zip(points, points[1:]):
+        if lo <= train_records <= hi:
+            share = math.log(train_records / lo) / math.log(hi / lo)
+            return round(e_lo + share * (e_hi - e_lo), 1)
+    raise AssertionError("RUN_LENGTHS points are in increasing N")
+
+
 # Each --distribution-strategy's defaults: a multi-worker all-reduce job cannot recompute the
 # batch-norm statistics before a checkpoint (config/checks.py says why).
 STRATEGIES: dict[str, Mapping[str, Any]] = {

@@ -134,6 +134,11 @@ class ModelParams:
              "first steps use a smaller decay that grows to it (as ExponentialMovingAverage's "
              "num_updates does)",
         group="model", record=True, check=FRACTION, recipe=True)
+    test_time_mirror: bool = setting(
+        False, "test-time augmentation: evaluation, prediction and the export average the "
+               "logits of each picture and of its mirror image (twice the network's work per "
+               "picture; training is unchanged) (true/false)",
+        group="model", record=True, recipe=True)
     variable_strategy: str = setting(
         "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
                "GPUs by byte size", group="devices", choices=("CPU", "GPU"))

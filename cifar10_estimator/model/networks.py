@@ -33,8 +33,25 @@ def logits(images: tf.Tensor, params: ModelParams, *, is_training: bool, num_cla
 
     Call it inside ``tf.compat.v1.variable_scope(SCOPES[params.model])``. ``batch_norm_decay``
     (a float or a scalar tensor) defaults to ``params.batch_norm_decay``; the ResNet alone
-    has batch norm, a layout and folding.
+    has batch norm, a layout and folding. Outside training, ``params.test_time_mirror``
+    averages the logits of each picture and its left-right mirror, the flip that training's
+    augmentation applies (``AUGMENTATIONS``).
     """
+    if params.test_time_mirror and not is_training:
+        # Both pictures in one batch: inference-mode batch norm treats each row alone.
+        count = tf.shape(images)[0]
+        both = _network(tf.concat([images, tf.reverse(images, axis=[2])], axis=0), params,
+                        is_training=is_training, num_classes=num_classes,
+                        data_format=data_format, compute_dtype=compute_dtype,
+                        batch_norm_decay=batch_norm_decay, fold_batch_norm=fold_batch_norm)
+        return (both[:count] + both[count:]) / 2.0
+    return _network(images, params, is_training=is_training, num_classes=num_classes,
+                    data_format=data_format, compute_dtype=compute_dtype,
+                    batch_norm_decay=batch_norm_decay, fold_batch_norm=fold_batch_norm)
+
+
+def _network(images, params: ModelParams, *, is_training, num_classes, data_format,
+             compute_dtype, batch_norm_decay, fold_batch_norm) -> tf.Tensor:
     if params.model == TUTORIAL_CNN:
         return tutorial_cnn.tutorial_cnn(images, num_classes=num_classes,
                                          compute_dtype=compute_dtype)

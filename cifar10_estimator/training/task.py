@@ -158,6 +158,16 @@ def check_cluster(config: TrainConfig, rc: tf.estimator.RunConfig) -> None:
                         f"--distribution-strategy towers for parameter servers")
 
 
+def run_epochs(config: TrainConfig, train_records: int) -> Optional[float]:
+    """The run's length in epochs where it is given in epochs: --train-epochs, else the
+    recipe's own length for this many records; None where the length is in steps."""
+    if config.train_steps is not None:
+        return None
+    if config.train_epochs is not None:
+        return config.train_epochs
+    return overlays.recipe_epochs(config.recipe, train_records)
+
+
 def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
                    train_records: int, class_names: Sequence[str]) -> ModelSettings:
     """Resolves the model_fn's settings from the config and the cluster.
@@ -169,8 +179,8 @@ def model_settings(config: TrainConfig, num_workers: int, is_chief: bool,
     steps_per_epoch = max(1, train_records // per_global_step)
     total_steps = config.train_steps
     if total_steps is None:
-        total_steps = (math.ceil(config.train_epochs * steps_per_epoch)
-                       if config.train_epochs is not None
+        epochs = run_epochs(config, train_records)
+        total_steps = (math.ceil(epochs * steps_per_epoch) if epochs is not None
                        else overlays.MODELS[config.model]["train_steps"])
     return ModelSettings(
         params=ModelParams(**{f.name: getattr(config, f.name)
@@ -259,6 +269,9 @@ def prepare(config: TrainConfig, preemption: Preemption, machine: Machine,
     train_records = train_data.num_examples()
     num_workers = rc.num_worker_replicas or 1
     settings = model_settings(config, num_workers, rc.is_chief, train_records, info.class_names)
+    own_length = (f", the {config.recipe} recipe's length for {train_records:,} records"
+                  if config.train_steps is None and config.train_epochs is None
+                  and overlays.recipe_epochs(config.recipe, train_records) is not None else "")
     # From here on the run's length is in global steps, whichever flag gave it.
     config = dataclasses.replace(config, train_steps=settings.total_steps)
     job = Job(config, rc, cluster, in_cluster, info, settings, train_data, eval_data,
@@ -266,12 +279,12 @@ def prepare(config: TrainConfig, preemption: Preemption, machine: Machine,
               strategy=strategy)
     _log_role(job)
     log.info("%s, %s, %s on %s, %d worker(s); %s, %d classes, %d train records, "
-             "%d steps per epoch, %d steps in all (%.4g epochs), %s learning rate peaking at "
+             "%d steps per epoch, %d steps in all (%.4g epochs%s), %s learning rate peaking at "
              "%.4g", networks.describe(config), settings.data_format,
              "towers" if config.distribution_strategy == TOWERS else
              f"{config.distribution_strategy} replicas", ", ".join(settings.devices), num_workers, info.dataset, info.num_classes,
              train_records, settings.steps_per_epoch, settings.total_steps,
-             settings.total_steps / settings.steps_per_epoch, config.lr_schedule,
+             settings.total_steps / settings.steps_per_epoch, own_length, config.lr_schedule,
              schedules.peak_learning_rate(settings.params, global_batch(config, num_workers)))
     return job
 
