@@ -85,6 +85,19 @@ def test_overlays_stack_field_model_recipe_and_given_values():
     assert overlays.build().train_steps == overlays.MODELS[settings.RESNET]["train_steps"]
 
 
+def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file():
+    (small, short), (large, long_) = overlays.RUN_LENGTHS["fast"][0], overlays.RUN_LENGTHS["fast"][-1]
+    assert overlays.recipe_epochs("fast", 96) == short
+    assert overlays.recipe_epochs("fast", small) == short
+    assert overlays.recipe_epochs("fast", large) == long_
+    assert overlays.recipe_epochs("fast", 10 * large) == long_
+    between = overlays.recipe_epochs("fast", int((small * large) ** 0.5))  # halfway in log N
+    assert between == round((short + long_) / 2, 1)
+    assert overlays.recipe_epochs("paper", 50_000) is None
+    assert overlays.build(recipe="fast").train_steps is None  # the model's length gives way
+    assert overlays.build(recipe="fast", train_steps=10).train_steps == 10
+
+
 def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer(
         tiny_records, tmp_path):
     # The setting added as docs/architecture.md shows: one field, one use.

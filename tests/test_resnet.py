@@ -123,3 +123,33 @@ def test_batch_norm_is_folded_only_for_inference():
     with tf.Graph().as_default(), pytest.raises(ValueError, match="only for inference"):
         resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=True, num_layers=8,
                             fold_batch_norm=True)
+
+
+@pytest.mark.parametrize("model", ["resnet", "tutorial-cnn"])
+def test_test_time_mirror_gives_a_picture_and_its_mirror_the_same_logits(model):
+    # Averaging the logits of x and flip(x) makes the network blind to the flip; without it a
+    # random network tells them apart. Training builds the plain network.
+    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.model import networks
+
+    rng = np.random.default_rng(0)
+    pictures = rng.uniform(0, 255, (3, 32, 32, 3)).astype(np.float32)
+    both = np.concatenate([pictures, pictures[:, :, ::-1]])
+    results = {}
+    for mirror in (False, True):
+        params = ModelParams(model=model, num_layers=8, test_time_mirror=mirror)
+        with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(1)
+            images = tf.constant(both)
+            with tf.compat.v1.variable_scope(networks.SCOPES[model]):
+                served = networks.logits(images, params, is_training=False, num_classes=10)
+            with tf.compat.v1.variable_scope(networks.SCOPES[model], reuse=True):
+                trained = networks.logits(images, params, is_training=True, num_classes=10)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                results[mirror] = sess.run([served, trained])
+    (plain, plain_training), (mirrored, mirrored_training) = results[False], results[True]
+    assert not np.allclose(plain[:3], plain[3:], atol=1e-4)
+    np.testing.assert_allclose(mirrored[:3], mirrored[3:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mirrored[:3], (plain[:3] + plain[3:]) / 2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mirrored_training, plain_training, rtol=1e-5, atol=1e-5)

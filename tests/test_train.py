@@ -96,6 +96,31 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     assert proc.stdout.split(": ")[1].split()[0] in schema.CLASS_NAMES
 
 
+def test_the_fast_recipe_without_a_length_trains_its_own_for_the_training_file(
+        tiny_records, tmp_path):
+    # 96 records at batch 8: 12 steps an epoch; the recipe's length for 96 records.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    epochs = overlays.recipe_epochs("fast", 96)
+    steps = int(12 * epochs)
+    proc = run_module("cifar10_estimator", *trainer_args(
+        data_dir, job_dir, "--recipe", "fast", "--precision", "fp32", "--test-time-mirror",
+        "true", "--eval-throttle-secs", "100000"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (f"12 steps per epoch, {steps} steps in all ({epochs:g} epochs, the fast recipe's "
+            f"length for 96 records)") in proc.stderr
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == steps
+    assert re.search(rf"evaluation at step {steps}: accuracy = ", proc.stderr)
+    # The export mirrors too: a picture and its mirror get the same probabilities.
+    export = re.search(r"SavedModel: (\S+)", proc.stdout + proc.stderr)
+    assert export, proc.stderr[-2000:]
+    model = tf.saved_model.load(export.group(1))
+    pictures = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype(np.float32)
+    served = model.signatures["serving_default"](images=tf.constant(
+        np.concatenate([pictures, pictures[:, :, ::-1]])))["probabilities"].numpy()
+    np.testing.assert_allclose(served[:2], served[2:], rtol=1e-5, atol=1e-6)
+
+
 def test_train_epochs_sets_the_length_and_a_recipe_gives_defaults_that_flags_override(
         tiny_records, tmp_path):
     # 96 records at batch 8: 12 steps an epoch, so 1.5 epochs are 18 global steps.

@@ -113,7 +113,7 @@ def defaults(model: str, recipe: str, strategy: str = TOWERS) -> dict[str, Any]:
     values.update(MODELS[model])
     values.update(STRATEGIES[strategy])
     values.update(RECIPES[recipe])
-    if RECIPES[recipe].get("train_epochs") is not None:
+    if recipe in RUN_LENGTHS:
         values["train_steps"] = None  # the recipe's length replaces the model's
     return values
 

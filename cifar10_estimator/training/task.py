@@ -7,6 +7,7 @@ computes in.
 import dataclasses
 import logging
 import math
+import os
 from typing import Optional, Sequence
 
 import tensorflow as tf
@@ -99,6 +100,7 @@ def run_config(config: TrainConfig, train_distribute: Optional[tf.distribute.Str
     if worker_delay is None and steps_together(config):
         # Staggering exists for async updates; a sync step waits for every worker anyway.
         worker_delay = 0
+    distributed.check_tf_config(os.environ.get("TF_CONFIG"))
     try:
         rc = tf.estimator.RunConfig(
             model_dir=config.job_dir,
@@ -122,8 +124,8 @@ def run_config(config: TrainConfig, train_distribute: Optional[tf.distribute.Str
             session_creation_timeout_secs=config.cluster_timeout_secs,
             experimental_max_worker_delay_secs=worker_delay,
             train_distribute=train_distribute)
-    except ValueError as e:  # TF_CONFIG that Estimator refuses
-        raise UserError(f"TF_CONFIG: {e}; {CLUSTER_HELP}") from None
+    except ValueError as e:  # TF_CONFIG that Estimator refuses (its words span lines)
+        raise UserError(f"TF_CONFIG: {' '.join(str(e).split())}; {CLUSTER_HELP}") from None
     if (rc.cluster_spec and rc.task_type in distributed.TRAINER_JOBS
             and config.distribution_strategy == TOWERS):
         # (An all-reduce step talks to every worker: no filters there.)
