@@ -29,6 +29,8 @@ from cifar10_estimator import __version__
 SCRIPTS_PREFIX = "cifar10-"  # every console script pyproject.toml installs
 GENERATOR_SCRIPT = "generate_tfrecords.py"
 HELP_WIDTH = 79
+# @FILEs read for one command line, nested ones included: more is a loop of inclusions.
+MAX_FLAG_FILES = 1000
 
 
 def invoked_as(module: str) -> str:
@@ -90,6 +92,7 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         # An unknown flag is named before anything else is checked (a required flag it was
         # perhaps meant to be, say), with the closest known one.
+        self._flag_files_read = 0
         args = self._read_args_from_files(list(sys.argv[1:] if args is None else args))
         for token in args:
             if token == "--":
@@ -107,10 +110,36 @@ class Parser(argparse.ArgumentParser):
                      f"see --help\n")
 
     def _read_args_from_files(self, arg_strings):
-        try:
-            return super()._read_args_from_files(arg_strings)
-        except ValueError as e:  # shlex: an unclosed quote
-            self.error(f"a flag file has a line it cannot split ({e})")
+        # One @FILE at a time, so that an error names the file it is in (argparse's own
+        # reading recurses into this method for the @FILEs a file holds). A file that
+        # includes itself, directly or through others, would recurse until RecursionError;
+        # files that include each other many times over would multiply without end.
+        reading = self.__dict__.setdefault("_flag_files_reading", [])
+        expanded = []
+        for arg in arg_strings:
+            if not arg or arg[0] not in self.fromfile_prefix_chars:
+                expanded.append(arg)
+                continue
+            name = arg[1:]
+            try:
+                key = os.path.realpath(name)
+            except ValueError as e:  # a NUL in the name
+                self.error(f"the flag file {name!r} cannot be read ({e})")
+            if key in reading:
+                self.error(f"the flag file {name} includes itself (through "
+                           f"{' -> '.join(reading[reading.index(key):])}); remove that @line")
+            self._flag_files_read = getattr(self, "_flag_files_read", 0) + 1
+            if self._flag_files_read > MAX_FLAG_FILES:
+                self.error(f"the flag file {name}: flag files were read more than "
+                           f"{MAX_FLAG_FILES} times for one command line; include each once")
+            reading.append(key)
+            try:
+                expanded.extend(super()._read_args_from_files([arg]))
+            except ValueError as e:  # not UTF-8 text, a NUL, or shlex: an unclosed quote
+                self.error(f"the flag file {name} cannot be read ({e})")
+            finally:
+                reading.pop()
+        return expanded
 
     def _closest(self, message: str) -> str:
         """`` (did you mean --x?)`` for the first unknown flag in argparse's message."""

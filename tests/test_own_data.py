@@ -212,28 +212,45 @@ def test_an_image_folder_trains_and_serves_the_same_pixels(tmp_path, capsys):
         part.split()[0] for part in shown.split(": ", 1)[1].split(", ")}
 
 
-def test_a_broken_picture_stops_the_conversion_naming_it_and_writes_nothing(tmp_path, capsys):
+def test_damaged_pictures_are_left_out_and_counted_naming_the_first(tmp_path, capsys):
     root = tmp_path / "pictures"
     write_image_folder(root, np.random.default_rng(1))
     bad = root / "train" / "grass" / "99.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"broken" * 10)
+    (root / "train" / "sky" / "empty.jpg").write_bytes(b"")
+    data_dir = tmp_path / "data"
+    assert generate.main(["--data-dir", str(data_dir), "--image-folder", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"2 damaged picture(s) left out (first: {bad})" in out
+    info = metadata.dataset_info(str(data_dir))
+    assert {k: v.records for k, v in info.splits.items()} == {"train": 24, "eval": 9}
+
+
+def test_a_split_with_no_readable_picture_stops_the_conversion_and_writes_nothing(tmp_path,
+                                                                                  capsys):
+    root = tmp_path / "pictures"
+    write_image_folder(root, np.random.default_rng(1))
+    for path in (root / "test").rglob("*.*"):
+        path.write_bytes(b"broken")
     data_dir = tmp_path / "data"
     assert generate.main(["--data-dir", str(data_dir), "--image-folder", str(root)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == (f"cifar10_estimator.generate: error: {bad} is not a readable PNG, JPEG, GIF "
-                   f"or BMP image; remove or replace it")
+    assert err.startswith(f"cifar10_estimator.generate: error: {root / 'test'} has no readable "
+                          f"picture: all 9 are damaged")
     assert not data_dir.exists() or not list(data_dir.glob("*.tfrecords"))
 
 
-def test_a_picture_whose_header_promises_gigapixels_is_refused_before_decoding(tmp_path, capsys):
+def test_a_picture_whose_header_promises_gigapixels_is_left_out_before_decoding(tmp_path,
+                                                                                capsys):
     root = tmp_path / "pictures"
     write_image_folder(root, np.random.default_rng(2))
     bomb = root / "test" / "sky" / "bomb.png"
     bomb.write_bytes(bomb_png(60_000, 60_000))
     assert generate.main(["--data-dir", str(tmp_path / "data"), "--image-folder",
-                          str(root)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"{bomb} is too large to decode safely (Image size (3600000000 pixels)" in err
+                          str(root)]) == 0
+    assert f"1 damaged picture(s) left out (first: {bomb})" in capsys.readouterr().out
+    with pytest.raises(UserError, match="too large to decode safely"):
+        images.check_file(str(bomb), str(bomb))
 
 
 @pytest.mark.parametrize("kind", ["png", "jpg", "bmp"])

@@ -16,6 +16,7 @@ import dataclasses
 import gzip
 import hashlib
 import http.client
+import lzma
 import os
 import sys
 import tarfile
@@ -237,8 +238,17 @@ def extract_batches(archive_path: str, dest_dir: str, archive: Archive = CIFAR10
             with tarfile.open(archive_path, "r:*") as tar:
                 tar.extractall(tmp, filter=members)
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise UserError(f"{archive_path} is not a readable tar.gz archive ({e}); delete it "
-                            "and run again to download it") from None
+            # tarfile's "r:*" lists each method it tried on a line of its own.
+            raise UserError(f"{archive_path} is not a readable tar.gz archive "
+                            f"({' '.join(str(e).split())}); delete it and run again to "
+                            "download it") from None
+        except (OSError, lzma.LZMAError, ValueError, OverflowError) as e:
+            # What a damaged or hostile archive provokes beyond tarfile's own errors: a
+            # corrupt bz2 or xz stream ("r:*" opens those too), a name too long for the file
+            # system, a timestamp out of range.
+            raise UserError(f"{archive_path} cannot be extracted into {dest_dir} "
+                            f"({storage.reason(e)}); delete it and run again to download "
+                            "it") from None
         missing = [name for name in archive.required if name not in members.written]
         if missing:
             raise UserError(f"{archive_path} has no {archive.folder}/{missing[0]}; it is not "

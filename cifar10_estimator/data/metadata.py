@@ -75,11 +75,27 @@ def write_metadata(data_dir: str, splits: Mapping[str, SplitFacts], source: str,
 
 
 def _read_metadata(data_dir: str) -> dict:
+    """The metadata file's JSON object; {} without one. A file that is there but unreadable
+    is refused: read as "no metadata" it would hide damage to the records (``verify_split``)
+    and make any dataset look like CIFAR-10's 10 classes."""
+    path = storage.join(data_dir, METADATA_FILENAME)
     try:
-        body = json.loads(storage.read_bytes(storage.join(data_dir, METADATA_FILENAME)))
-        return body if isinstance(body, dict) else {}
-    except (OSError, ValueError):
+        raw = storage.read_bytes(path)
+    except FileNotFoundError:
         return {}
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({storage.reason(e)}); regenerate the records "
+                        f"with {schema.GENERATOR_COMMAND}") from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+        detail = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+        raise UserError(f"{path} is damaged, not the generator's JSON ({detail}); regenerate "
+                        f"the records with {schema.GENERATOR_COMMAND}") from None
+    if not isinstance(body, dict):
+        raise UserError(f"{path} is damaged: a JSON {type(body).__name__}, not the generator's "
+                        f"object; regenerate the records with {schema.GENERATOR_COMMAND}")
+    return body
 
 
 def _split_facts(raw: Any) -> dict[str, SplitFacts]:

@@ -14,6 +14,7 @@ data (``sample_data``) travels exactly the loader path real CIFAR-10 files do.
 import io
 import os
 import pickle
+import pickletools
 import struct
 from typing import Any, NamedTuple
 
@@ -44,6 +45,29 @@ def _latin1_encode(text: Any, encoding: Any = "latin1") -> bytes:
     return text.encode("latin-1")
 
 
+def _sealed(function: Any) -> Any:
+    """``function`` as a callable without attributes. A pickle's BUILD opcode sets attributes
+    on whatever it is applied to; on a plain function that would change it (its defaults, say)
+    for the rest of the process."""
+    return type(f"_Sealed_{function.__name__}", (), {"__slots__": (),
+                                                     "__call__": staticmethod(function)})()
+
+
+# What a pickle gets for numpy.ndarray: only a token for ``_empty_array``, not the class, which
+# a pickle could otherwise call (REDUCE, NEWOBJ) to allocate any shape without a byte of data.
+_NDARRAY = type("_NdarrayToken", (), {"__slots__": ()})()
+
+
+def _empty_array(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """``numpy.core.multiarray._reconstruct`` as numpy's pickles call it: an empty array that
+    ``__setstate__`` then fills from the file's bytes. Any other shape would be memory the file
+    does not hold (uninitialised, and up to thousands of times the file's size)."""
+    if subtype is not _NDARRAY or not isinstance(shape, tuple) or shape != (0,):
+        raise pickle.UnpicklingError("an array is admitted only as numpy pickles one, "
+                                     "_reconstruct(ndarray, (0,), dtype) then its state")
+    return np.core.multiarray._reconstruct(np.ndarray, (0,), dtype)
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     """An unpickler that can rebuild dicts, lists, strings, numbers and numpy arrays, nothing else.
 
@@ -53,31 +77,34 @@ class _RestrictedUnpickler(pickle.Unpickler):
     here, so a pickle never causes an import.
     """
 
-    _reconstruct = np.core.multiarray._reconstruct
+    _reconstruct = _sealed(_empty_array)
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
         # numpy >= 2 writes its private package under its new name.
         ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "ndarray"): _NDARRAY,
         ("numpy", "dtype"): np.dtype,
         # Protocol 5 (pickle.HIGHEST_PROTOCOL) rebuilds an array as _frombuffer(buffer, dtype,
         # shape, order), i.e. np.frombuffer(...).reshape(...): data only, no other effect.
-        ("numpy.core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
-        ("numpy._core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
+        ("numpy.core.numeric", "_frombuffer"): _sealed(np.core.numeric._frombuffer),
+        ("numpy._core.numeric", "_frombuffer"): _sealed(np.core.numeric._frombuffer),
         # Python 3 at protocol 2 has no opcode for bytes and writes them as
         # _codecs.encode(<latin-1 str>, 'latin1'); the array data of a batch re-saved that way
         # (e.g. by a Python 3 conversion script) needs it. The real files, from Python 2, never
         # do. Only the latin-1 form is admitted: other codecs (zlib, bz2, ...) are not needed
         # and could be used as decompression bombs.
-        ("_codecs", "encode"): _latin1_encode,
+        ("_codecs", "encode"): _sealed(_latin1_encode),
     }
 
     def find_class(self, module: str, name: str) -> Any:
         try:
             return self.ALLOWED[(module, name)]
         except KeyError:
+            # The names come from the file (STACK_GLOBAL: any string, newlines included).
+            what = f"{module}.{name}"
+            what = what if what.isprintable() and len(what) <= 100 else repr(what[:100])
             raise pickle.UnpicklingError(
-                f"refused to load {module}.{name}: a CIFAR batch holds only numpy arrays, "
+                f"refused to load {what}: a CIFAR batch holds only numpy arrays, "
                 "lists, strings and numbers") from None
 
 
@@ -101,6 +128,32 @@ def _read_file(path: str) -> bytes:
         raise UserError(f"{path} cannot be read (permission denied)") from None
 
 
+# More opcodes than any CIFAR file has (CIFAR-100's train file: ~250,000); each can leave an
+# object of ~60 bytes on the unpickler's stack, so this bounds the memory a file can claim.
+MAX_OPCODES = 4_000_000
+
+
+def _check_opcodes(raw: bytes) -> None:
+    """Refuses what the unpickler would take at face value: memo indices beyond what the file
+    has stored (CPython's unpickler grows its memo table to the largest index a PUT names and
+    clears every slot, so a 12-byte pickle with LONG_BINPUT 100,000,000 makes it write 1.6 GB;
+    picklers number their memo entries 0, 1, 2, ...) and an absurd count of opcodes. Reads the
+    opcodes with ``pickletools`` (~0.1 s for a real batch); errors as the unpickler's."""
+    try:
+        for count, (op, arg, _) in enumerate(pickletools.genops(raw)):
+            if count >= MAX_OPCODES:
+                raise pickle.UnpicklingError(f"more than {MAX_OPCODES:,} opcodes")
+            if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and not 0 <= arg <= count:
+                raise pickle.UnpicklingError(f"memo index {arg} at opcode {count}")
+    except pickle.UnpicklingError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pickletools' word for a malformed pickle
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if any(w in message for w in ("not enough data", "remain", "exhausted", "no newline")):
+            raise EOFError from None
+        raise pickle.UnpicklingError(f"the pickle is malformed: {message[:200]}") from None
+
+
 def load_pickle(path: str) -> Any:
     """Unpickles a CIFAR-10 python file safely (restricted unpickler, ``encoding='bytes'``).
 
@@ -111,9 +164,10 @@ def load_pickle(path: str) -> Any:
     if not raw:
         raise UserError(f"{path} is empty; the CIFAR batches are damaged, extract them again")
     try:
+        _check_opcodes(raw)
         obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except pickle.UnpicklingError as e:
-        message = str(e)
+        message = " ".join(str(e).split())  # some of the unpickler's own run over two lines
         if "truncated" in message:
             message = "the file is truncated"
         raise UserError(f"{path} is not a valid CIFAR batch ({message})") from None
@@ -165,7 +219,10 @@ def validate_batch(obj: Any, path: str, label_key: str = "labels",
     for i, label in enumerate(labels):
         # bool is an int subclass but never a class id.
         if not isinstance(label, int) or isinstance(label, bool):
-            raise UserError(f"{where}: label {i} is {label!r}, expected an int in "
+            # Shown by value only if that is short and one line (not a nested list or array).
+            shown = (repr(label)[:40] if isinstance(label, (bytes, str, float, bool, type(None)))
+                     else f"a {type(label).__name__}")
+            raise UserError(f"{where}: label {i} is {shown}, expected an int in "
                             f"0..{num_classes - 1}")
         if not 0 <= label < num_classes:
             raise UserError(f"{where}: label {i} is {label}, outside 0..{num_classes - 1}")

@@ -108,15 +108,20 @@ def _export_version(path: str) -> Optional[str]:
 def _load_export(folder: str) -> Evaluated:
     _, signature = client.load_model(folder)
     num_classes = int(signature.structured_outputs["probabilities"].shape[-1])
-    step = None
-    try:
-        step = int(json.loads(storage.read_bytes(
-            storage.join(folder, EVAL_METRICS_FILE)))["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # an export without its evaluation's scalars
     return Evaluated(f"SavedModel {folder}{_computes_in(_export_dtype(folder))}",
                      lambda images: signature(images=images)["probabilities"],
-                     client.class_names(folder, num_classes), step, export=folder)
+                     client.class_names(folder, num_classes), export_step(folder),
+                     export=folder)
+
+
+def export_step(folder: str) -> Optional[int]:
+    """The global step of an export's evaluation (``eval_metrics.json``), None without one."""
+    try:
+        return int(json.loads(storage.read_bytes(
+            storage.join(folder, EVAL_METRICS_FILE)))["global_step"])
+    # OverflowError: a step of Infinity; RecursionError: JSON nested too deep to parse.
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        return None  # an export without its evaluation's scalars
 
 
 def export_info(folder: str) -> dict:
@@ -125,7 +130,7 @@ def export_info(folder: str) -> dict:
     try:
         info = json.loads(storage.read_bytes(storage.join(folder, EXPORT_INFO_FILE)))
         return info if isinstance(info, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return {}
 
 

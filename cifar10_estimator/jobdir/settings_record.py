@@ -13,14 +13,17 @@ chief, which records the new values (and logs what changed).
 The file is JSON with one flag per line, for people as much as for the package.
 """
 
+import dataclasses
 import json
 import logging
+import math
 import os
+import typing
 from typing import Any, Mapping, Optional
 
 from cifar10_estimator import __version__, storage
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.config.fields import flag, shown
+from cifar10_estimator.config.fields import AT_LEAST_1, flag, shown
 from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
 
 log = logging.getLogger("cifar10_estimator")
@@ -55,14 +58,73 @@ def read(job_dir: str) -> Optional[dict]:
         body = json.loads(storage.read_bytes(path))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} cannot be read ({e}); restore it, or delete it to record "
-                        f"this run's settings anew") from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise UserError(f"{path} cannot be read ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}); restore it, or delete it to "
+                        f"record this run's settings anew") from None
     settings = body.get("settings") if isinstance(body, dict) else None
     if not isinstance(settings, dict):
         raise UserError(f"{path} is not a settings record of this package; delete it to "
                         f"record this run's settings anew")
+    for name, value in settings.items():
+        problem = _problem(name, value)
+        if problem:
+            raise UserError(f"{path} records {name[:60]!r} as {_kind(value)}, not {problem}; "
+                            f"restore it, or delete it to record this run's settings anew")
     return settings
+
+
+_HINTS = typing.get_type_hints(TrainConfig)
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _problem(name: str, value: Any) -> Optional[str]:
+    """What a recorded value should be, if ``value`` is not what this package records for
+    ``name`` (readers use the values as they are: ``evaluate`` builds the network from them).
+    A setting this version does not know (a newer version's) is a scalar or a list of them."""
+    if name in DATA_FIELDS or name == SCHEDULE_STEPS:
+        tp = str if name == "dataset" else int
+        check = None if name == "dataset" else AT_LEAST_1
+    elif name in RUN_FIELDS:
+        tp, check = _HINTS[name], _FIELDS[name].metadata.get("check")
+    else:
+        items = value if isinstance(value, list) else [value]
+        return None if all(isinstance(v, _SCALARS) for v in items) else "a value or a list"
+    if typing.get_origin(tp) is tuple:
+        item = typing.get_args(tp)[0]
+        if not isinstance(value, list) or any(_problem_of_type(item, v) for v in value):
+            return f"a list of {item.__name__} values"
+        return None
+    wrong = _problem_of_type(tp, value)
+    if wrong:
+        return wrong
+    choices = _FIELDS[name].metadata.get("choices") if name in _FIELDS else None
+    if choices and value not in choices:
+        return f"one of {', '.join(map(str, choices))}"
+    if check and check.problem(name, value):
+        return check.wording
+    return None
+
+
+def _problem_of_type(tp, value: Any) -> Optional[str]:
+    if tp is float:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value))
+        return None if ok else "a finite number"
+    if tp is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else \
+            "a whole number"
+    if tp is bool:
+        return None if isinstance(value, bool) else "true or false"
+    return None if isinstance(value, str) else "a string"
+
+
+def _kind(value: Any) -> str:
+    """A recorded value for a one-line message: a scalar as written, else its JSON type."""
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    return json.dumps(value)[:60]
 
 
 def write(job_dir: str, settings: Mapping[str, Any]) -> str:

@@ -50,7 +50,8 @@ class BestExport:
             try:
                 accuracy = float(json.loads(storage.read_bytes(
                     storage.join(version, EVAL_METRICS_FILE)))["accuracy"])
-            except (OSError, ValueError, KeyError):
+            # TypeError: an accuracy that is no number; RecursionError: JSON nested too deep.
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
                 continue  # not one of ours
             best = accuracy if best is None else max(best, accuracy)
         return best

@@ -46,7 +46,8 @@ def newest_export(folder: str) -> str:
         names = storage.listdir(folder)
         # A numbered folder counts once its saved_model.pb is there: on object storage an
         # export's files arrive one by one, that one last (export.py).
-        versions = [int(n) for n in names if n.isdigit()
+        # ASCII digits only ("²".isdigit() too), and the name kept as it is ("007").
+        versions = [n for n in names if n.isascii() and n.isdigit()
                     and storage.isfile(storage.join(folder, n, SAVED_MODEL_FILE))]
     except OSError as e:
         raise UserError(f"{folder} cannot be read as an export ({e.strerror}); pass a "
@@ -55,7 +56,7 @@ def newest_export(folder: str) -> str:
         raise UserError(f"{folder} is not a SavedModel folder (no {SAVED_MODEL_FILE}) and "
                         f"holds no numbered versions with one; pass JOB_DIR/export or "
                         f"JOB_DIR/export/<version>")
-    return storage.join(folder, str(max(versions)))
+    return storage.join(folder, max(versions, key=int))
 
 
 def load_model(saved_model_dir: str):

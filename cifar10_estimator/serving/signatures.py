@@ -12,7 +12,10 @@ class's name (string [N]), so clients need no side file. ``image_bytes`` ends in
 TensorFlow Serving's REST API decodes ``{"b64": "..."}`` values for such inputs. The bytes are
 decoded and resized in the graph by ``images.to_cifar_pixels``, the conversion ``predict``
 and the image-folder generator use; bytes that are no image fail the request with
-TensorFlow's "Unknown image file format" error, and the server goes on. ``classify`` serves
+TensorFlow's "Unknown image file format" error, and the server goes on. Before decoding, the
+picture's size is read from its header (``_declared_pixels``; for a GIF every frame's) and a
+picture of more than ``MAX_PIXELS`` fails the request: a small file that declares gigapixels (a
+decompression bomb) would otherwise make the server allocate gigabytes. ``classify`` serves
 TensorFlow Serving's Classify API.
 
 One network function, called by every signature, has the checkpoint's weights frozen into it
@@ -45,6 +48,101 @@ CLASSIFY_SIGNATURE = "classify"
 _IMAGE_SHAPE = [schema.HEIGHT, schema.WIDTH, schema.CHANNELS]
 # The name ExponentialMovingAverage gives the shadow of ``<variable>``: ``<variable>/<this>``.
 AVERAGE_SUFFIX = "ExponentialMovingAverage"
+# The most pixels a picture sent to ``serving_bytes`` may have: Pillow's MAX_IMAGE_PIXELS, the
+# bound ``images.check_file`` applies for ``predict`` and the image-folder generator, so the
+# server refuses what they refuse.
+MAX_PIXELS = 89_478_485
+# The most blocks and sub-blocks of a GIF that ``_gif_pixels`` walks (about 30 us each): a GIF
+# encoder writes sub-blocks of 255 bytes, so this allows GIFs of 5 MB, and a hostile GIF of
+# 1-byte sub-blocks cannot keep the server walking for minutes.
+MAX_GIF_BLOCKS = 20_000
+
+
+def _header_bytes(encoded, start, count: int):
+    """``count`` bytes of ``encoded`` from ``start`` as int64 (zeros past its end)."""
+    start = tf.minimum(tf.cast(start, tf.int32), tf.strings.length(encoded))
+    chunk = tf.strings.join([tf.strings.substr(encoded, start, count), "\0" * count])
+    return tf.cast(tf.io.decode_raw(tf.strings.substr(chunk, 0, count), tf.uint8), tf.int64)
+
+
+def _gif_pixels(encoded):
+    """The pixels TensorFlow's GIF decoder allocates: its canvas (the widest by the tallest
+    frame; the logical screen is ignored) and each frame's raster, which giflib reads whole.
+    Walks the GIF's blocks: extensions and frames, each followed by sub-blocks; a GIF of more
+    than ``MAX_GIF_BLOCKS`` counts as too large (``MAX_PIXELS + 1``)."""
+    def table(flags):  # the size of a color table that ``flags`` announces
+        return tf.where(flags >= 128, 3 * tf.bitwise.left_shift(
+            tf.constant(2, tf.int64), flags % 8), tf.constant(0, tf.int64))
+
+    size = tf.cast(tf.strings.length(encoded), tf.int64)
+    zero = tf.constant(0, tf.int64)
+
+    def step(steps, pos, in_blocks, width, height, frames, done):
+        b = _header_bytes(encoded, pos, 10)
+        # In sub-blocks: a length byte and that many bytes, until a zero length.
+        sub_pos = tf.where(b[0] > 0, pos + b[0] + 1, pos + 1)
+        is_frame = tf.equal(b[0], 0x2C)
+        w, h = b[5] + 256 * b[6], b[7] + 256 * b[8]
+        block_pos = tf.where(is_frame, pos + 11 + table(b[9]), pos + 2)
+        return (steps + 1, tf.where(in_blocks, sub_pos, block_pos),
+                tf.logical_or(tf.logical_not(in_blocks), b[0] > 0),
+                tf.where(in_blocks, width, tf.where(is_frame, tf.maximum(width, w), width)),
+                tf.where(in_blocks, height, tf.where(is_frame, tf.maximum(height, h), height)),
+                tf.where(in_blocks, frames, tf.where(is_frame, frames + w * h, frames)),
+                tf.logical_and(tf.logical_not(in_blocks),
+                               tf.logical_not(tf.logical_or(is_frame, tf.equal(b[0], 0x21)))))
+
+    steps, pos, _, width, height, frames, done = tf.while_loop(
+        lambda steps, pos, in_blocks, w, h, f, done: tf.logical_and(
+            tf.logical_and(pos < size, tf.logical_not(done)), steps < MAX_GIF_BLOCKS),
+        step, (0, 13 + table(_header_bytes(encoded, 10, 1)[0]), tf.constant(False), zero, zero,
+               zero, tf.constant(False)))
+    unfinished = tf.logical_and(tf.logical_and(pos < size, tf.logical_not(done)),
+                                steps >= MAX_GIF_BLOCKS)
+    return tf.where(unfinished, tf.constant(MAX_PIXELS + 1, tf.int64),
+                    tf.maximum(width * height, frames))
+
+
+def _declared_pixels(encoded):
+    """How many pixels the header of ``encoded`` (a scalar string) declares, for the formats
+    ``tf.io.decode_image`` reads (0 for anything else, which the decoder refuses)."""
+    def starts(magic: bytes):
+        return tf.equal(tf.strings.substr(encoded, 0, len(magic)), magic)
+
+    def png():  # IHDR, the first chunk: big-endian width and height
+        b = _header_bytes(encoded, 16, 8)
+        return ((b[0] * 256 + b[1]) * 256 + b[2]) * 256 + b[3], \
+            ((b[4] * 256 + b[5]) * 256 + b[6]) * 256 + b[7]
+
+    def bmp():  # BITMAPINFOHEADER: little-endian int32 width and height (negative: top-down)
+        b = _header_bytes(encoded, 18, 8)
+        def int32(v):
+            value = v[0] + 256 * (v[1] + 256 * (v[2] + 256 * v[3]))
+            return tf.abs(tf.where(value >= 2 ** 31, value - 2 ** 32, value))
+        return int32(b[:4]), int32(b[4:])
+
+    def product(pair):
+        return pair[0] * pair[1]
+
+    return tf.case(
+        [(starts(b"\x89PNG\r\n\x1a\n"), lambda: product(png())),
+         (starts(b"\xff\xd8\xff"), lambda: tf.reduce_prod(
+             tf.cast(tf.image.extract_jpeg_shape(encoded)[:2], tf.int64))),
+         (starts(b"GIF8"), lambda: _gif_pixels(encoded)),
+         (starts(b"BM"), lambda: product(bmp()))],
+        default=lambda: tf.constant(0, tf.int64))
+
+
+def bounded_pixels(encoded):
+    """``images.to_cifar_pixels`` of ``encoded``, or an InvalidArgumentError (the request
+    fails, and the server goes on) if its header declares more than ``MAX_PIXELS`` pixels."""
+    check = tf.debugging.assert_less_equal(
+        _declared_pixels(encoded), tf.constant(MAX_PIXELS, tf.int64),
+        message=f"image_bytes: the picture declares more than {MAX_PIXELS} pixels (or is a "
+                f"GIF of more than {MAX_GIF_BLOCKS} blocks), too large to decode safely; "
+                f"shrink it first")
+    with tf.control_dependencies([check]):
+        return image_ops.to_cifar_pixels(tf.identity(encoded))
 
 
 class FrozenWeights:
@@ -140,11 +238,14 @@ class ServingModule(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32,
                                                     name="images")])
         def by_images(images):
-            return network(images)
+            # A server does not check a fed tensor's shape against the signature's, and a
+            # tensor of another rank aborts the process in the convolutions (a CHECK failure in
+            # TF 2.15): refuse it as a bad request.
+            return network(tf.ensure_shape(images, [None, *_IMAGE_SHAPE]))
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
         def by_bytes(image_bytes):
-            return from_pixels(tf.map_fn(image_ops.to_cifar_pixels, image_bytes,
+            return from_pixels(tf.map_fn(bounded_pixels, image_bytes,
                                          fn_output_signature=tf.TensorSpec(_IMAGE_SHAPE,
                                                                            tf.uint8)))
 

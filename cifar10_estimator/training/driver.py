@@ -254,10 +254,11 @@ def train_and_evaluate(config: TrainConfig, cpu_info: cpu.CpuInfo,
     ``preemption``, if installed, turns SIGTERM and SIGINT into a save and ``errors.Stopped``;
     ``cache_dir`` keeps the precision probes' results (None: no cache)."""
     preemption = preemption or Preemption()
+    distributed.check_tf_config(os.environ.get("TF_CONFIG"))
     try:
         role = tf.estimator.RunConfig()  # only the role: a ps needs none of the settings
     except ValueError as e:
-        raise UserError(f"TF_CONFIG: {e}; {task.CLUSTER_HELP}") from None
+        raise UserError(f"TF_CONFIG: {' '.join(str(e).split())}; {task.CLUSTER_HELP}") from None
     preemption.before_exit(lambda stop: log.info(
         stopped_line(stop, role, config.job_dir, preemption.last_step)))
     onednn = cpu.onednn_enabled()
