@@ -20,6 +20,9 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
 
 KINDS = "PNG, JPEG, GIF or BMP"
+# Pillow's decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS), which check_file applies
+# through Pillow; the export's serving_bytes signature applies the same bound in its graph.
+MAX_PIXELS = 89_478_485
 
 
 def check_file(file: Union[str, BinaryIO], name: str) -> None:

@@ -48,10 +48,9 @@ CLASSIFY_SIGNATURE = "classify"
 _IMAGE_SHAPE = [schema.HEIGHT, schema.WIDTH, schema.CHANNELS]
 # The name ExponentialMovingAverage gives the shadow of ``<variable>``: ``<variable>/<this>``.
 AVERAGE_SUFFIX = "ExponentialMovingAverage"
-# The most pixels a picture sent to ``serving_bytes`` may have: Pillow's MAX_IMAGE_PIXELS, the
-# bound ``images.check_file`` applies for ``predict`` and the image-folder generator, so the
-# server refuses what they refuse.
-MAX_PIXELS = 89_478_485
+# The most pixels a picture sent to ``serving_bytes`` may have: the bound ``images.check_file``
+# applies for ``predict`` and the image-folder generator, so the server refuses what they refuse.
+MAX_PIXELS = image_ops.MAX_PIXELS
 # The most blocks and sub-blocks of a GIF that ``_gif_pixels`` walks (about 30 us each): a GIF
 # encoder writes sub-blocks of 255 bytes, so this allows GIFs of 5 MB, and a hostile GIF of
 # 1-byte sub-blocks cannot keep the server walking for minutes.
