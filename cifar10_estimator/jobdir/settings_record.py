@@ -109,8 +109,11 @@ def _problem(name: str, value: Any) -> Optional[str]:
 
 def _problem_of_type(tp, value: Any) -> Optional[str]:
     if tp is float:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and math.isfinite(value))
+        try:  # an int past float's range (JSON has no bound) overflows: not a finite number
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value))
+        except OverflowError:
+            ok = False
         return None if ok else "a finite number"
     if tp is int:
         return None if isinstance(value, int) and not isinstance(value, bool) else \

@@ -435,6 +435,8 @@ KINDS = [
             ("file", b'{"settings": ' + _deep(100000).encode() + b"}", True, False),
             ("file", b'{"settings": {"num_layers": "44"}}', True, False),
             ("file", b'{"settings": {"momentum": NaN}}', False, False),
+            # Found by the campaign: math.isfinite of an int past float's range overflowed.
+            ("file", b'{"settings": {"momentum": 1' + b"0" * 400 + b"}}", False, False),
             # Equal to the run's 44, so it was accepted, and evaluate built a network of
             # 44.0 layers (a TypeError in range()).
             ("file", b'{"settings": {"num_layers": 44.0}}', False, False),
