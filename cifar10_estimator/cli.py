@@ -132,6 +132,12 @@ class Parser(argparse.ArgumentParser):
             if self._flag_files_read > MAX_FLAG_FILES:
                 self.error(f"the flag file {name}: flag files were read more than "
                            f"{MAX_FLAG_FILES} times for one command line; include each once")
+            from cifar10_estimator import storage  # here: storage imports errors, which imports cli
+
+            try:
+                storage.refuse_special_file(name)
+            except OSError as e:
+                self.error(f"the flag file {name} cannot be read ({e.strerror})")
             reading.append(key)
             try:
                 expanded.extend(super()._read_args_from_files([arg]))

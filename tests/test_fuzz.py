@@ -47,3 +47,28 @@ def test_every_case_is_read_refused_in_one_line_or_skipped(kind, contexts, tmp_p
         harness.run_case(kind, drawn, context, str(tmp_path))
 
     case()
+
+
+def test_a_pipe_in_place_of_a_file_is_refused_instead_of_waited_on(tmp_path, capsys):
+    # Reading a pipe that no one writes to would wait forever: a flag file, settings.json and
+    # the records' metadata file are refused in one line naming them.
+    import os
+
+    from cifar10_estimator.config import flags
+    from cifar10_estimator.data import metadata
+    from cifar10_estimator.errors import UserError
+    from cifar10_estimator.jobdir import settings_record
+
+    pipe = tmp_path / "flags.txt"
+    os.mkfifo(pipe)
+    with pytest.raises(SystemExit) as stopped:
+        flags.parse([f"@{pipe}"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(pipe) in err[0] and "not a regular file" in err[0], err
+    os.mkfifo(tmp_path / settings_record.RECORD_FILE)
+    with pytest.raises(UserError, match="settings.json cannot be read .*not a regular file"):
+        settings_record.read(str(tmp_path))
+    os.mkfifo(tmp_path / metadata.METADATA_FILENAME)
+    with pytest.raises(UserError, match=metadata.METADATA_FILENAME):
+        metadata.dataset_info(str(tmp_path))
