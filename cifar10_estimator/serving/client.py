@@ -71,7 +71,8 @@ def load_model(saved_model_dir: str):
     try:
         model = tf.saved_model.load(saved_model_dir)
         signature = model.signatures[IMAGES_SIGNATURE]
-    except (KeyError, ValueError, OSError, tf.errors.OpError) as e:
+    # RuntimeError: the graph names an op this TensorFlow lacks (a damaged or foreign graph).
+    except (KeyError, ValueError, OSError, RuntimeError, tf.errors.OpError) as e:
         raise UserError(f"{saved_model_dir} is not a usable SavedModel of this package "
                         f"({type(e).__name__})") from None
     return model, signature

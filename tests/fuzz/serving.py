@@ -627,6 +627,11 @@ def _check_export(case: dict, scratch: str, export: str) -> str:
     path = os.path.join(folder, case["target"])
     if case["how"] == "missing":
         os.remove(path)
+    elif case["how"] == "replace":  # one name in the file changed (a regression's minimal form)
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data.replace(case["old"], case["new"]))
     else:
         with open(path, "wb") as f:
             f.write(case["data"])
@@ -702,5 +707,8 @@ KINDS = [
              "keep_base": False},
             {"target": "assets.extra/eval_metrics.json", "how": "generated",
              "data": b"{\"accuracy\": [1]}"},
+            # Found by the campaign: an op name the graph holds that TensorFlow lacks made
+            # tf.saved_model.load raise RuntimeError.
+            {"target": "saved_model.pb", "how": "replace", "old": b"AddV2", "new": b"AddV9"},
         )),
 ]
