@@ -6,7 +6,9 @@
 - Help that shows each flag's default (unless its help already says it), groups of flags, and
   examples at the end; ``--version``.
 - ``@FILE`` reads flags from a file: one or more per line, quoted as in a shell, ``#`` starts a
-  comment. Flags after it on the command line win over the file's.
+  comment. Flags after it on the command line win over the file's. A file that includes
+  itself, or a pipe in its place, is refused (``refuse_special_file``, which the package's
+  other reads of local files use too: ``storage.open_file``).
 - No abbreviations: ``--num-l`` is not ``--num-layers``, so a flag added later cannot change
   what an old command line means.
 - A bad command line gets one line, not the usage: ``<name>: error: <what>; see --help``, with
@@ -17,9 +19,11 @@ No TensorFlow here: command lines are parsed before it loads.
 
 import argparse
 import difflib
+import errno
 import os
 import re
 import shlex
+import stat
 import sys
 import textwrap
 from typing import Sequence
@@ -31,6 +35,17 @@ GENERATOR_SCRIPT = "generate_tfrecords.py"
 HELP_WIDTH = 79
 # @FILEs read for one command line, nested ones included: more is a loop of inclusions.
 MAX_FLAG_FILES = 1000
+
+
+def refuse_special_file(path: str) -> None:
+    """Raises ``OSError`` if local ``path`` is a pipe, socket or device: reading a pipe that
+    no one writes to waits forever, where a file put in the wrong place should be an error."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return  # open() reports it in its own words
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise OSError(errno.EINVAL, "not a regular file (a pipe, socket or device)", path)
 
 
 def invoked_as(module: str) -> str:
@@ -132,10 +147,8 @@ class Parser(argparse.ArgumentParser):
             if self._flag_files_read > MAX_FLAG_FILES:
                 self.error(f"the flag file {name}: flag files were read more than "
                            f"{MAX_FLAG_FILES} times for one command line; include each once")
-            from cifar10_estimator import storage  # here: storage imports errors, which imports cli
-
             try:
-                storage.refuse_special_file(name)
+                refuse_special_file(name)
             except OSError as e:
                 self.error(f"the flag file {name} cannot be read ({e.strerror})")
             reading.append(key)

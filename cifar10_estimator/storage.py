@@ -24,11 +24,11 @@ import contextlib
 import errno
 import os
 import shutil
-import stat
 import tempfile
 import uuid
 from typing import IO, Iterator, Optional
 
+from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError
 
 # Schemes that tensorflow-io registers with TensorFlow when it is imported.
@@ -253,22 +253,11 @@ def open_file(path: str, mode: str = "r") -> IO:
     raises ``FileNotFoundError`` here, as ``open`` does."""
     if not is_url(path):
         if "r" in mode:
-            refuse_special_file(path)
+            cli.refuse_special_file(path)
         return open(path, mode)
     if "r" in mode and not exists(path):
         raise FileNotFoundError(errno.ENOENT, "no such object", path)
     return _GFileWithOSErrors(path, mode)
-
-
-def refuse_special_file(path: str) -> None:
-    """Raises ``OSError`` if local ``path`` is a pipe, socket or device: reading a pipe that
-    no one writes to waits forever, where a file put in the wrong place should be an error."""
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return  # open() reports it in its own words
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise OSError(errno.EINVAL, "not a regular file (a pipe, socket or device)", path)
 
 
 class _GFileWithOSErrors:
