@@ -22,6 +22,7 @@ No TensorFlow is imported for a local path: the generator's set-up runs before i
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -298,6 +299,17 @@ def write_bytes(path: str, data: bytes) -> None:
 def read_bytes(path: str) -> bytes:
     with open_file(path, "rb") as f:
         return f.read()
+
+
+def read_json(path: str):
+    """The JSON document at ``path``. Raises ``OSError`` if it cannot be read, and
+    ``ValueError`` if it is no JSON: not UTF-8, malformed, or nested too deep for the parser
+    (whose ``RecursionError`` becomes a ``ValueError`` here, so readers need not know it)."""
+    data = read_bytes(path)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deep to read") from None
 
 
 def read_text(path: str) -> str:

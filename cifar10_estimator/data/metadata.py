@@ -80,15 +80,13 @@ def _read_metadata(data_dir: str) -> dict:
     and make any dataset look like CIFAR-10's 10 classes."""
     path = storage.join(data_dir, METADATA_FILENAME)
     try:
-        raw = storage.read_bytes(path)
+        body = storage.read_json(path)
     except FileNotFoundError:
         return {}
     except OSError as e:
         raise UserError(f"{path} cannot be read ({storage.reason(e)}); regenerate the records "
                         f"with {schema.GENERATOR_COMMAND}") from None
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+    except ValueError as e:  # not UTF-8, not JSON, nested too deep
         detail = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
         raise UserError(f"{path} is damaged, not the generator's JSON ({detail}); regenerate "
                         f"the records with {schema.GENERATOR_COMMAND}") from None

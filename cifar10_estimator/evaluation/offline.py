@@ -15,7 +15,6 @@ the most confused pairs and the report JSON.
 """
 
 import dataclasses
-import json
 import os
 from typing import Callable, Optional
 
@@ -117,10 +116,8 @@ def _load_export(folder: str) -> Evaluated:
 def export_step(folder: str) -> Optional[int]:
     """The global step of an export's evaluation (``eval_metrics.json``), None without one."""
     try:
-        return int(json.loads(storage.read_bytes(
-            storage.join(folder, EVAL_METRICS_FILE)))["global_step"])
-    # OverflowError: a step of Infinity; RecursionError: JSON nested too deep to parse.
-    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        return int(storage.read_json(storage.join(folder, EVAL_METRICS_FILE))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):  # Overflow: Infinity
         return None  # an export without its evaluation's scalars
 
 
@@ -128,9 +125,9 @@ def export_info(folder: str) -> dict:
     """An export's ``export.json``: its checkpoint, global step and compute dtype (empty for an
     export older than the file)."""
     try:
-        info = json.loads(storage.read_bytes(storage.join(folder, EXPORT_INFO_FILE)))
+        info = storage.read_json(storage.join(folder, EXPORT_INFO_FILE))
         return info if isinstance(info, dict) else {}
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
+    except (OSError, ValueError):
         return {}
 
 

@@ -55,10 +55,10 @@ def read(job_dir: str) -> Optional[dict]:
     """The recorded settings of ``job_dir``, or None if there are none yet."""
     path = storage.join(job_dir, RECORD_FILE)
     try:
-        body = json.loads(storage.read_bytes(path))
+        body = storage.read_json(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
+    except (OSError, ValueError) as e:
         raise UserError(f"{path} cannot be read ({type(e).__name__}: "
                         f"{' '.join(str(e).split())[:200]}); restore it, or delete it to "
                         f"record this run's settings anew") from None

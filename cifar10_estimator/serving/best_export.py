@@ -7,7 +7,6 @@ accuracy so far is read back from the exports' ``eval_metrics.json``, so a resum
 with the same contest. Ties keep the earlier export.
 """
 
-import json
 import logging
 import os
 from typing import Optional
@@ -48,10 +47,10 @@ class BestExport:
         best = None
         for version in self._versions():
             try:
-                accuracy = float(json.loads(storage.read_bytes(
-                    storage.join(version, EVAL_METRICS_FILE)))["accuracy"])
-            # TypeError: an accuracy that is no number; RecursionError: JSON nested too deep.
-            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                accuracy = float(storage.read_json(
+                    storage.join(version, EVAL_METRICS_FILE))["accuracy"])
+            # TypeError: an accuracy that is no number.
+            except (OSError, ValueError, KeyError, TypeError):
                 continue  # not one of ours
             best = accuracy if best is None else max(best, accuracy)
         return best
