@@ -214,7 +214,10 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
         text = log.read_text()
         agreed = int(re.findall(r"stopped with the job \(another task received a signal\) at "
                                 r"step (\d+)", text)[-1])
-        assert re.search(rf"\[worker0\] .*received SIGTERM at step {agreed}:", text), text[-3000:]
+        # The worker's own line may come a moment after the chief's: wait for it (wait_for
+        # fails the test if it never comes).
+        wait_for(rf"\[worker0\] .*received SIGTERM at step {agreed}:", seen)
+        text = log.read_text()
         assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == agreed
         assert cluster.wait(timeout=300) == 0, log.read_text()[-4000:]
     finally:
