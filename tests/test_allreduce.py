@@ -207,17 +207,15 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
         assert resumed >= 200
         seen = wait_for(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{resumed}", seen)
         # SIGTERM to the worker: every task stops at one agreed step, the chief saves it.
-        seen = wait_for(r"\[worker0\] .*step \d+/800", seen)
+        sent = wait_for(r"\[worker0\] .*step \d+/800", seen)
         os.kill(_worker_pid(log.read_text(), after=1), signal.SIGTERM)
-        seen = wait_for(r"\[chief\] .*stopped with the job \(another task received a signal\) "
-                        r"at step (\d+): saved", seen)
-        text = log.read_text()
+        wait_for(r"\[chief\] .*stopped with the job \(another task received a signal\) "
+                 r"at step (\d+): saved", sent)
         agreed = int(re.findall(r"stopped with the job \(another task received a signal\) at "
-                                r"step (\d+)", text)[-1])
-        # The worker's own line may come a moment after the chief's: wait for it (wait_for
-        # fails the test if it never comes).
-        wait_for(rf"\[worker0\] .*received SIGTERM at step {agreed}:", seen)
-        text = log.read_text()
+                                r"step (\d+)", log.read_text())[-1])
+        # The worker's own line comes a moment before or after the chief's: search from the
+        # signal on (wait_for fails the test if it never comes).
+        wait_for(rf"\[worker0\] .*received SIGTERM at step {agreed}:", sent)
         assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == agreed
         assert cluster.wait(timeout=300) == 0, log.read_text()[-4000:]
     finally:
