@@ -107,6 +107,40 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
     _assert_evaluated_final(output, final)
 
 
+def test_the_chiefs_save_at_the_final_step_stays_the_final_checkpoint(tmp_path):
+    # In an asynchronous cluster another worker's update lands after the chief's save at the
+    # final step (here: a hook before the chief's bumps the global step at the session's end).
+    # The evaluator took that save as final, so the chief must not save again under step 41.
+    from cifar10_estimator.training.precise_bn import CheckpointHook
+
+    class OtherWorker(tf.estimator.SessionRunHook):
+        def begin(self):
+            self._bump = tf.compat.v1.assign_add(tf.compat.v1.train.get_global_step(), 1)
+
+        def end(self, session):
+            session.run(self._bump)
+
+    ends = []
+
+    class Listener(tf.compat.v1.train.CheckpointSaverListener):
+        def end(self, session, global_step_value):
+            ends.append(global_step_value)
+
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        tf.compat.v1.get_variable("w", [1])
+        train_op = tf.compat.v1.assign_add(step, 1)
+        hook = CheckpointHook(str(tmp_path), None, 10, final_step=STEPS)
+        hook._listeners.append(Listener())
+        with tf.compat.v1.train.MonitoredSession(hooks=[
+                OtherWorker(), tf.compat.v1.train.StopAtStepHook(last_step=STEPS), hook]) as s:
+            while not s.should_stop():
+                s.run(train_op)
+    saved = tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_paths
+    assert [checkpoint_step(p) for p in saved][-2:] == [30, STEPS]
+    assert ends == [STEPS]
+
+
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stall(

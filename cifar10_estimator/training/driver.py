@@ -157,11 +157,14 @@ def _specs(job: Job, best: Optional[BestExport]):
             allreduce.JoinWithin(config.cluster_timeout_secs, (
                 f"every task of TF_CONFIG's chief and workers must run; {name} is waiting for "
                 f"the others")).start().hook()]
-    if job.rc.is_chief and config.precise_bn_batches and not config.moving_average_decay:
+    precise = config.precise_bn_batches and not config.moving_average_decay
+    asynchronous = job.in_cluster and job.rc.num_ps_replicas and not config.sync
+    if job.rc.is_chief and (precise or asynchronous):
         train_hooks.append(precise_bn.CheckpointHook(
             config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
-            precise_bn.PreciseBatchNorm(config.precise_bn_batches, config.train_steps,
-                                        skip=lambda: job.preemption.signum is not None)))
+            config.train_steps, precise_bn.PreciseBatchNorm(
+                config.precise_bn_batches, config.train_steps,
+                skip=lambda: job.preemption.signum is not None) if precise else None))
     if job.in_cluster and job.rc.num_ps_replicas:
         train_hooks.append(distributed.ParameterServerWatchdog(
             task.ps_tasks(job.cluster), config.cluster_timeout_secs,

@@ -16,9 +16,13 @@ signal, which must stay quick. So every checkpoint, and every evaluation of one,
 statistics of its own weights: the moving averages trail weights that change fast under a high
 learning rate, and on Fashion-MNIST evaluations mid-run read 20-70 % where the same weights with
 precise statistics read near their training accuracy (docs/training.md). Training itself uses
-batch statistics and never reads the moving ones, so it is unchanged. In an asynchronous
-cluster the other workers' updates can land while the statistics are recomputed, so the hook
-reads the global step again afterwards and names the checkpoint after the step it holds.
+batch statistics and never reads the moving ones, so it is unchanged.
+
+The hook (``CheckpointHook``) is also the chief's checkpoint hook of an asynchronous cluster,
+with or without precise batch norm, where the other workers' updates go on landing while the
+chief saves: it reads the global step again after a recompute, names the checkpoint after the
+step it holds, and saves no checkpoint after the first one at or past the final step, the one
+the evaluator task takes as final.
 """
 
 import logging
@@ -91,26 +95,39 @@ class PreciseBatchNorm:
 
 
 class CheckpointHook(tf.compat.v1.train.CheckpointSaverHook):
-    """The chief's checkpoint hook, as Estimator would make it, with precise batch norm in it.
+    """The chief's checkpoint hook, as Estimator would make it, with precise batch norm in it
+    (``precise``, or None without) and one final checkpoint.
 
     Given among the training hooks, it takes the place of Estimator's own, and Estimator adds
-    its own listeners (a local run's evaluations) to it.
+    its own listeners (a local run's evaluations) to it. In an asynchronous cluster the other
+    workers go on updating after the chief's save at the final step: TF 2.15's hook would save
+    again at its end, under a later step, after the evaluator has taken the first save, the
+    first checkpoint at or past ``final_step``, as the final one. This hook ends with that save.
     """
 
     def __init__(self, job_dir: str, save_secs: Optional[int], save_steps: Optional[int],
-                 precise: PreciseBatchNorm):
+                 final_step: int, precise: Optional[PreciseBatchNorm] = None):
         super().__init__(job_dir, save_secs=save_secs, save_steps=save_steps,
                          save_graph_def=False)
+        self._final_step = final_step
         self._precise = precise
 
     def begin(self):
         super().begin()
-        self._precise.begin()
+        if self._precise:
+            self._precise.begin()
 
     def _save(self, session, step):
-        # The one override: TF 2.15's CheckpointSaverHook reads the step before its listeners
-        # run, and a recompute of seconds lets another worker's update land in between.
-        if self._precise.before_save(session, step):
+        # TF 2.15's CheckpointSaverHook reads the step before its listeners run, and a
+        # recompute of seconds lets another worker's update land in between.
+        if self._precise and self._precise.before_save(session, step):
             step = session.run(self._global_step_tensor)
             self._timer.update_last_triggered_step(step)  # so that end() does not save it twice
         return super()._save(session, step)
+
+    def end(self, session):
+        saved = self._timer.last_triggered_step()
+        if saved is None or saved < self._final_step:
+            return super().end(session)
+        for listener in self._listeners:  # the final checkpoint is saved: no second one
+            listener.end(session, saved)
