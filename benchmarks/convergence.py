@@ -11,9 +11,9 @@ drifting machine affects them alike; each in its own process):
   images, 227.6 epochs; each is multiplied by E / 227.6.
 - ``fast``: our trainer, ``--recipe fast`` with the recipe's own run length (config/overlays.py
   ``RUN_LENGTHS``), or ``--fast-epochs``.
-- ``fast+NAME``: the fast recipe with one candidate change (``CANDIDATES``: warm-up, weight
-  averaging, no label smoothing, the peak rate, test-time mirroring, the run length; a
-  candidate's flags come last and win).
+- ``fast+NAME[+NAME...]``: the fast recipe with candidate changes (``CANDIDATES``: warm-up,
+  weight averaging, no label smoothing, the peak rate, test-time mirroring, the batch, the run
+  length; the candidates' flags come last, in order, and win).
 - ``paper+NAME``: the paper recipe with one suspect of its gap to Keras changed
   (``SUSPECTS``).
 - ``keras``: our ResNet built in Keras (``keras_resnet.build_resnet``) with the paper recipe:
@@ -99,8 +99,12 @@ CANDIDATES = {
     # Half the batch: twice the steps per epoch, which a small training set runs short of;
     # the peak follows the batch (--lr-reference-batch), 0.2.
     "batch-128": ["--train-batch-size", "128"],
+    # A quarter and an eighth of the batch: four and eight times the steps per epoch; the peak
+    # 0.1 and 0.05.
+    "batch-64": ["--train-batch-size", "64"],
+    "batch-32": ["--train-batch-size", "32"],
     # Run lengths, in place of the recipe's own (or --fast-epochs).
-    **{f"epochs-{e}": ["--train-epochs", str(e)] for e in (5, 6, 7, 8, 10)},
+    **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"] for e in (3, 3.5, 4, 4.5, 5, 6, 7, 8, 10)},
 }
 # Suspects of the paper recipe's gap to Keras, each changed alone in our trainer.
 SUSPECTS = {
@@ -155,27 +159,29 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """``base[+change][@CAP]``: which run, which change to it, which oneDNN cap."""
+    """``base[+change...][@CAP]``: which run, which changes to it, which oneDNN cap."""
 
     spec: str
     base: str
-    change: Optional[str]
+    changes: tuple[str, ...]
     cap: Optional[str]
 
     @property
     def flags(self) -> list[str]:
-        return list({**CANDIDATES, **SUSPECTS}.get(self.change, []))
+        known = {**CANDIDATES, **SUSPECTS}
+        return [flag for change in self.changes for flag in known[change]]
 
 
 def parse_row(spec: str) -> Row:
     name, _, cap = spec.partition("@")
-    base, _, change = name.partition("+")
-    changes = CANDIDATES if base == "fast" else SUSPECTS if base == "paper" else {}
-    if base not in BASES or (change and change not in changes) or (cap and cap != "AVX2"):
+    base, *changes = name.split("+")
+    known = CANDIDATES if base == "fast" else SUSPECTS if base == "paper" else {}
+    if (base not in BASES or any(c not in known for c in changes)
+            or (cap and cap != "AVX2")):
         raise UserError(f"--rows: unknown row {spec!r}; rows are {', '.join(BASES)}, "
-                        f"fast+{{{','.join(CANDIDATES)}}}, paper+{{{','.join(SUSPECTS)}}}, "
-                        f"each optionally followed by @AVX2")
-    return Row(spec, base, change or None, cap or None)
+                        f"fast+{{{','.join(CANDIDATES)}}}, paper+{{{','.join(SUSPECTS)}}} "
+                        f"(changes joined by +), each optionally followed by @AVX2")
+    return Row(spec, base, tuple(changes), cap or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +386,7 @@ def table(rows: list[Row], runs: dict[str, list[Run]]) -> list[dict]:
     """Prints one line per row (medians over its seeds); returns the same figures."""
     figures = []
     paper_minutes = {row.cap: statistics.median(r.final.minutes for r in runs[row.spec])
-                     for row in rows if row.base == "paper" and not row.change}
+                     for row in rows if row.base == "paper" and not row.changes}
     print(f"{'row':<24} {'oneDNN':<7} {'seeds':>5} {'accuracy % (low-high)':>22} "
           f"{'epochs':>7} {'minutes':>8} {'/ paper':>8}")
     for row in rows:
