@@ -108,6 +108,8 @@ SUSPECTS = {
     # Keras reads moving statistics as training left them; ours recomputes them per checkpoint.
     "no-precise-bn": ["--precise-bn-batches", "0"],
 }
+# The changes a row of each base may name.
+CHANGES = {"fast": CANDIDATES, "paper": SUSPECTS}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelParams)}
 # The training images the tutorial's 80,000 steps were counted against: its hard-coded 45,000
@@ -165,14 +167,13 @@ class Row:
 
     @property
     def flags(self) -> list[str]:
-        known = {**CANDIDATES, **SUSPECTS}
-        return [flag for change in self.changes for flag in known[change]]
+        return [flag for change in self.changes for flag in CHANGES[self.base][change]]
 
 
 def parse_row(spec: str) -> Row:
     name, _, cap = spec.partition("@")
     base, *changes = name.split("+")
-    known = CANDIDATES if base == "fast" else SUSPECTS if base == "paper" else {}
+    known = CHANGES.get(base, {})
     if (base not in BASES or any(c not in known for c in changes)
             or (cap and cap != "AVX2")):
         raise UserError(f"--rows: unknown row {spec!r}; rows are {', '.join(BASES)}, "

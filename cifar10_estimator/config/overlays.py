@@ -62,7 +62,7 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         "learning_rate": 0.2,
         "lr_reference_batch": TUTORIAL_BATCH,
         # More, smaller steps: on 10,000 Fashion-MNIST pictures batch 64 reached the paper
-        # recipe's accuracy in 5 epochs, batch 128 not in 6 and batch 256 in 8, while a 2-core
+        # recipe's accuracy in 5 epochs, batch 128 not in 6 and batch 256 not in 7, while a 2-core
         # CPU computes batch 64 at 0.85-0.95x the images/s of batch 256 (validation split,
         # medians of 3 seeds; docs/performance.md, "Time to accuracy").
         "train_batch_size": TUTORIAL_BATCH // 2,
