@@ -97,6 +97,17 @@ CANDIDATES = {
     "cosine-warmup": ["--lr-schedule", "cosine", "--warmup-epochs", "1"],
     # Test-time augmentation: the logits of each picture and its mirror, averaged.
     "mirror": ["--test-time-mirror", "true"],
+    # Short-run regularisation and momentum, as in fast CIFAR-10 training: weight decay 5e-4
+    # (Zagoruyko and Komodakis 2016, arXiv:1605.07146), label smoothing 0.2 (Page 2019, "How to
+    # train your ResNet"), Nesterov momentum (Sutskever et al. 2013), a peak twice the recipe's.
+    "wd-5e-4": ["--weight-decay", "5e-4"],
+    "smoothing-0.2": ["--label-smoothing", "0.2"],
+    "nesterov": ["--nesterov", "true"],
+    "peak-0.4": ["--learning-rate", "0.4"],
+    # Each residual block starting as the identity (Goyal et al. 2017, section 5.1), and no
+    # decay on batch-norm scales and shifts or biases (He et al. 2019, section 3.1).
+    "zero-gamma": ["--zero-init-residual", "true"],
+    "no-bias-decay": ["--no-bias-decay", "true"],
     # Batches: a smaller one runs more steps per epoch, which a small training set runs short
     # of, at fewer images/s; the peak follows the batch (0.4 at 256, 0.05 at 32).
     **{f"batch-{b}": ["--train-batch-size", str(b)] for b in (32, 64, 128, 256)},

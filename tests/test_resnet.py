@@ -153,3 +153,54 @@ def test_test_time_mirror_gives_a_picture_and_its_mirror_the_same_logits(model):
     np.testing.assert_allclose(mirrored[:3], mirrored[3:], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mirrored[:3], (plain[:3] + plain[3:]) / 2, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(mirrored_training, plain_training, rtol=1e-5, atol=1e-5)
+
+
+def test_zero_init_residual_zeroes_the_scale_of_each_blocks_last_batch_norm():
+    """Each v1 block's last batch-norm scale starts at 0 (its residual branch adds nothing to
+    the shortcut at first), every other scale at 1."""
+    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.model import networks
+
+    pictures = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype(np.float32)
+    for zero in (False, True):
+        params = ModelParams(num_layers=8, zero_init_residual=zero)
+        with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(1)
+            with tf.compat.v1.variable_scope(networks.SCOPES["resnet"]):
+                networks.logits(tf.constant(pictures), params, is_training=True, num_classes=10)
+            gammas = {v.op.name: v for v in tf.compat.v1.trainable_variables()
+                      if v.op.name.endswith("/gamma")}
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                values = sess.run(gammas)
+        last = {n: g for n, g in values.items() if n.endswith("bn2/gamma")}
+        rest = {n: g for n, g in values.items() if n not in last}
+        assert len(last) == 3 and len(rest) == 4  # ResNet-8: 3 blocks, stem + 3 first norms
+        assert all((g == (0.0 if zero else 1.0)).all() for g in last.values())
+        assert all((g == 1.0).all() for g in rest.values())
+
+
+def test_zero_init_residual_is_refused_for_pre_activation_blocks():
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="version 1"):
+        resnet.resnet_cifar(tf.zeros([1, 32, 32, 3]), is_training=True, num_layers=8,
+                            version=2, zero_init_residual=True)
+
+
+def test_no_bias_decay_leaves_batch_norm_and_the_dense_bias_out_of_the_weight_decay():
+    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.model import networks
+
+    decayed = {}
+    for no_bias in (False, True):
+        params = ModelParams(num_layers=8, no_bias_decay=no_bias)
+        with tf.Graph().as_default():
+            with tf.compat.v1.variable_scope(networks.SCOPES["resnet"]):
+                networks.logits(tf.zeros([1, 32, 32, 3]), params, is_training=True,
+                                num_classes=10)
+            trainable = tf.compat.v1.trainable_variables()
+            decayed[no_bias] = {v.op.name for v in networks.decayed_weights(params, trainable)}
+            every = {v.op.name for v in trainable}
+    assert decayed[False] == every
+    # ResNet-8: the stem, 3 blocks x 2 convolutions, and the dense layer's kernel.
+    assert len(decayed[True]) == 8 and all(n.endswith("/kernel") for n in decayed[True])
+    assert not any(n.endswith(("gamma", "beta", "bias")) for n in decayed[True])

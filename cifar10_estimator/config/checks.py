@@ -51,6 +51,12 @@ def _check_schedule(config: TrainConfig) -> None:
                         f"schedule; use fewer warm-up epochs")
 
 
+def _check_model(config: TrainConfig) -> None:
+    if config.zero_init_residual and config.resnet_version != 1:
+        # A v2 block ends in a convolution: a zero scale before its ReLU would get no gradient.
+        raise UserError("--zero-init-residual applies to --resnet-version 1 blocks only")
+
+
 def _check_strategy(config: TrainConfig) -> None:
     strategy = config.distribution_strategy
     if strategy == TOWERS:
@@ -125,5 +131,6 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
             storage.check_reachable(path, flag(name))
     _check_ranges(config)
     _check_schedule(config)
+    _check_model(config)
     _check_strategy(config)
     _check_devices(config, num_visible_gpus, onednn_enabled)

@@ -88,6 +88,11 @@ class ModelParams:
         2e-4, "L2 coefficient of the weights (the ResNet's: every trainable variable; the "
               "tutorial CNN's: its hidden layers' weights)",
         group="model", record=True, check=AT_LEAST_0)
+    no_bias_decay: bool = setting(
+        False, "the ResNet's weight decay covers its convolution and dense kernels only, not "
+               "the batch-norm scales and shifts or the dense bias (He et al. 2019, "
+               "arXiv:1812.01187, section 3.1) (true/false)",
+        group="model", record=True, models=(RESNET,))
     learning_rate: float = setting(
         0.1, "peak learning rate: the base of the piecewise schedule (multiplied by "
              "--lr-decay-factors at --lr-boundary-epochs), the start of cosine decay, the top "
@@ -124,6 +129,11 @@ class ModelParams:
         group="model", record=True, check=FRACTION, models=(RESNET,))
     batch_norm_epsilon: float = setting(1e-5, "batch-norm epsilon", group="model", record=True,
                                         check=POSITIVE, models=(RESNET,))
+    zero_init_residual: bool = setting(
+        False, "start the scale of each v1 block's last batch norm at 0, so that every residual "
+               "block begins as the identity (Goyal et al. 2017, arXiv:1706.02677, section "
+               "5.1) (true/false)",
+        group="model", record=True, models=(RESNET,))
     label_smoothing: float = setting(
         0.0, "label smoothing of the training loss, in [0, 1): the target puts 1 - e on the "
              "true class and e spread over all classes (Szegedy et al. 2016); 0 is off",

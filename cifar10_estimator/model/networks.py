@@ -61,14 +61,18 @@ def _network(images, params: ModelParams, *, is_training, num_classes, data_form
         batch_norm_decay=(params.batch_norm_decay if batch_norm_decay is None
                           else batch_norm_decay),
         batch_norm_epsilon=params.batch_norm_epsilon, num_classes=num_classes,
-        compute_dtype=compute_dtype, fold_batch_norm=fold_batch_norm)
+        compute_dtype=compute_dtype, fold_batch_norm=fold_batch_norm,
+        zero_init_residual=params.zero_init_residual)
 
 
 def decayed_weights(params: ModelParams, variables: Sequence[tf.Variable]) -> list:
     """The variables the weight decay covers: all of the ResNet's (the ResNet tutorial's L2
-    term covers batch-norm scales and the dense bias too), the tutorial CNN's hidden-layer
-    weights only (``tutorial_cnn.DECAYED_WEIGHTS``)."""
+    term covers batch-norm scales and the dense bias too), or with ``params.no_bias_decay``
+    its kernels only; the tutorial CNN's hidden-layer weights only
+    (``tutorial_cnn.DECAYED_WEIGHTS``)."""
     if params.model == TUTORIAL_CNN:
         return [v for v in variables
                 if v.op.name.endswith(tutorial_cnn.DECAYED_WEIGHTS)]
+    if params.no_bias_decay:
+        return [v for v in variables if v.op.name.endswith("/kernel")]
     return list(variables)

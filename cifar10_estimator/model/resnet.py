@@ -32,7 +32,7 @@ class _Builder:
     """Holds the per-graph settings shared by every layer of one forward pass."""
 
     def __init__(self, is_training, data_format, batch_norm_decay, batch_norm_epsilon,
-                 compute_dtype, fold_batch_norm=False):
+                 compute_dtype, fold_batch_norm=False, zero_init_residual=False):
         if data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
         if fold_batch_norm and is_training:
@@ -43,6 +43,7 @@ class _Builder:
         self.bn_decay = batch_norm_decay
         self.bn_epsilon = batch_norm_epsilon
         self.dtype = compute_dtype
+        self.zero_init_residual = zero_init_residual
 
     @property
     def channel_axis(self):
@@ -75,8 +76,8 @@ class _Builder:
         """3x3 convolution without bias (batch norm follows every convolution)."""
         return self._convolve(x, self._kernel(x.shape[self.channel_axis], filters, name), stride)
 
-    def _bn_variables(self, channels, name):
-        """gamma, beta, moving mean, moving variance.
+    def _bn_variables(self, channels, name, zero_gamma=False):
+        """gamma (1, or 0 with ``zero_gamma``), beta, moving mean, moving variance.
 
         Under a tf.distribute strategy every replica updates the moving statistics with its
         own batch's; MEAN aggregation makes each update the replicas' average, so every copy
@@ -88,15 +89,16 @@ class _Builder:
                 aggregation=(tf.VariableAggregation.NONE if trainable
                              else tf.VariableAggregation.MEAN))
                 for var, trainable, init in (
-                    ("gamma", True, tf.compat.v1.ones_initializer),
+                    ("gamma", True, (tf.compat.v1.zeros_initializer if zero_gamma
+                                     else tf.compat.v1.ones_initializer)),
                     ("beta", True, tf.compat.v1.zeros_initializer),
                     ("moving_mean", False, tf.compat.v1.zeros_initializer),
                     ("moving_variance", False, tf.compat.v1.ones_initializer)))
 
-    def batch_norm(self, x, name):
+    def batch_norm(self, x, name, zero_gamma=False):
         """Fused batch norm; in training, queues the moving-average updates in UPDATE_OPS."""
         gamma, beta, moving_mean, moving_variance = self._bn_variables(
-            x.shape[self.channel_axis], name)
+            x.shape[self.channel_axis], name, zero_gamma)
         fmt = "NCHW" if self.nchw else "NHWC"
         if self.is_training:
             # Fused batch norm computes its statistics in float32 even for bfloat16 inputs.
@@ -111,7 +113,7 @@ class _Builder:
                 epsilon=self.bn_epsilon, data_format=fmt, is_training=False)
         return y
 
-    def conv_bn(self, x, filters, stride, conv_name, bn_name):
+    def conv_bn(self, x, filters, stride, conv_name, bn_name, zero_gamma=False):
         """A convolution and the batch norm right after it.
 
         Folded (inference only), they are one convolution: the batch norm's per-channel
@@ -122,9 +124,9 @@ class _Builder:
         norm is a linear transform).
         """
         if not self.fold:
-            return self.batch_norm(self.conv(x, filters, stride, conv_name), bn_name)
+            return self.batch_norm(self.conv(x, filters, stride, conv_name), bn_name, zero_gamma)
         kernel = self._kernel(x.shape[self.channel_axis], filters, conv_name)
-        gamma, beta, mean, variance = self._bn_variables(filters, bn_name)
+        gamma, beta, mean, variance = self._bn_variables(filters, bn_name, zero_gamma)
         scale = gamma * tf.math.rsqrt(variance + self.bn_epsilon)
         return tf.nn.bias_add(self._convolve(x, kernel * scale, stride),
                               tf.cast(beta - mean * scale, self.dtype),
@@ -147,7 +149,7 @@ class _Builder:
         """Post-activation basic block: conv-BN-ReLU-conv-BN, add shortcut, ReLU."""
         with tf.compat.v1.variable_scope(name):
             y = tf.nn.relu(self.conv_bn(x, out_filters, stride, "conv1", "bn1"))
-            y = self.conv_bn(y, out_filters, 1, "conv2", "bn2")
+            y = self.conv_bn(y, out_filters, 1, "conv2", "bn2", self.zero_init_residual)
             return tf.nn.relu(y + self.shortcut(x, out_filters, stride))
 
     def block_v2(self, x, out_filters, stride, name):
@@ -163,7 +165,7 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
                  data_format: str = "channels_last", batch_norm_decay=0.997,
                  batch_norm_epsilon: float = 1e-5, num_classes: int = 10,
                  compute_dtype: tf.DType = tf.float32,
-                 fold_batch_norm: bool = False) -> tf.Tensor:
+                 fold_batch_norm: bool = False, zero_init_residual: bool = False) -> tf.Tensor:
     """Builds the ResNet forward pass.
 
     Args:
@@ -180,18 +182,23 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
         and the returned logits stay float32).
       fold_batch_norm: inference only: fold each batch norm that follows a convolution into
         it (the same function up to float rounding; faster with constant weights).
+      zero_init_residual: version 1 only: initialise the scale of each block's last batch
+        norm to 0, so that each block starts as the identity of its shortcut (Goyal et al.
+        2017, arXiv:1706.02677, section 5.1).
 
     Returns:
       float32 logits [batch, num_classes].
 
     Raises:
-      ValueError: bad depth, version or data format.
+      ValueError: bad depth, version or data format, or zero_init_residual with version 2.
     """
     n = blocks_per_stage(num_layers)
     if version not in (1, 2):
         raise ValueError(f"ResNet version must be 1 or 2, got {version}")
+    if zero_init_residual and version != 1:
+        raise ValueError("zero_init_residual needs version 1: a v2 block ends in a convolution")
     b = _Builder(is_training, data_format, batch_norm_decay, batch_norm_epsilon, compute_dtype,
-                 fold_batch_norm)
+                 fold_batch_norm, zero_init_residual)
     block = b.block_v1 if version == 1 else b.block_v2
 
     # Scale 0..255 to [-1, 1) as the original tutorial did (x / 128 - 1).
