@@ -111,6 +111,9 @@ CANDIDATES = {
     # Batches: a smaller one runs more steps per epoch, which a small training set runs short
     # of, at fewer images/s; the peak follows the batch (0.4 at 256, 0.05 at 32).
     **{f"batch-{b}": ["--train-batch-size", str(b)] for b in (32, 64, 128, 256)},
+    # The one-cycle's rise, in epochs, in place of 30 % of the run (Smith and Topin 2017 rose
+    # for about half of it; Page 2019 for about a fifth).
+    **{f"rise-{e:g}": ["--warmup-epochs", f"{e:g}"] for e in (0.5, 1, 2)},
     # Run lengths, in place of the recipe's own (or --fast-epochs).
     **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"] for e in (3, 3.5, 4, 4.5, 5, 6, 7, 8, 10)},
 }

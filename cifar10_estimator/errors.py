@@ -68,6 +68,16 @@ def _exit_before_teardown(code: int) -> None:
     import logging
     import os
 
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        try:
+            # Estimator keeps its event files open in this cache to the end. Closing them
+            # writes out their last events, and deletes the local copy tensorflow-io's S3
+            # client keeps of each open file in /tmp (_s3_filesystem_*), which os._exit
+            # would leave behind.
+            tf.compat.v1.summary.FileWriterCache.clear()
+        except Exception:  # noqa: BLE001  (the exit status matters more than these files)
+            pass
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

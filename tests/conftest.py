@@ -134,6 +134,24 @@ def precision_cache_home(tmp_path_factory):
     else:
         os.environ["XDG_CACHE_HOME"] = before
 
+
+@pytest.fixture(scope="session", autouse=True)
+def temp_folder(tmp_path_factory):
+    """The suite's TMPDIR, for this process and the commands it starts: the temporary files
+    TensorFlow leaves behind (AutoGraph's generated modules, tensorflow-io's S3 upload
+    buffers) land in pytest's own folder, which pytest prunes, not in the machine's /tmp."""
+    import tempfile
+
+    folder = str(tmp_path_factory.mktemp("tmp"))
+    before, before_module = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    yield folder
+    tempfile.tempdir = before_module
+    if before is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = before
+
 BATCH_NAMES = schema.BATCH_FILES
 # Member order of the official cifar-10-python.tar.gz.
 ARCHIVE_ORDER = ("data_batch_4", "readme.html", "test_batch", "data_batch_3", "batches.meta",

@@ -7,6 +7,7 @@ A small TCP relay stands between the trainer and the server where a test takes t
 and brings it back with its objects.
 """
 
+import glob
 import json
 import os
 import re
@@ -26,6 +27,13 @@ from cifar10_estimator import storage, train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
 from trainer_fixtures import Trainer, run_module, trainer_args, trainer_env, work_dir
+
+
+# Where tensorflow-io's S3 client keeps a local copy of each file open for writing: /tmp,
+# whatever TMPDIR says (tensorflow/io pull request 1526).
+S3_CLIENT_BUFFERS = "/tmp/_s3_filesystem_*"
+# An event file's first record (length, checksums, an Event with its wall time and version).
+EVENT_HEAD = 40
 
 
 # --- ram://: one process -------------------------------------------------------------------------
@@ -186,6 +194,7 @@ S3_RUN = ["--eval-throttle-secs", "100000", "--precise-bn-batches", "0"]
 def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bucket(
         s3_server, bucket, make_cifar_dir, tmp_path):
     env = _s3_env(s3_server)
+    leftovers_before = set(glob.glob(S3_CLIENT_BUFFERS))
     make_cifar_dir(str(tmp_path / "cifar"), images_per_batch=12)
     data_dir, job_dir = f"s3://{bucket}/data", f"s3://{bucket}/job"
     made = run_module("cifar10_estimator.generate", "--data-dir", str(tmp_path / "cifar"),
@@ -226,6 +235,14 @@ def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bu
     assert "job/settings.json" in keys and "job/eval_report.json" in keys
     assert any(k.startswith("job/events.out.tfevents.") for k in keys)
     assert not any(".tmp" in k or "write-test" in k for k in keys)  # nothing half-written
+    # Both runs closed their event files before ending their process: tensorflow-io's local
+    # copies of them are gone. An event file's first record holds its creation time, so its
+    # first bytes tell this job's copies from those of the suite's other S3 runs.
+    starts = {_client(s3_server).get_object(Bucket=bucket, Key=k)["Body"].read()[:EVENT_HEAD]
+              for k in keys if "events.out.tfevents" in k}
+    left = [p for p in set(glob.glob(S3_CLIENT_BUFFERS)) - leftovers_before
+            if open(p, "rb").read()[:EVENT_HEAD] in starts]
+    assert len(starts) >= 2 and not left, left
 
     evaluated = run_module("cifar10_estimator.evaluate", export, "--data-dir", data_dir,
                            env_extra=env)
