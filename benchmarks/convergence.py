@@ -399,7 +399,8 @@ def table(rows: list[Row], runs: dict[str, list[Run]]) -> list[dict]:
     figures = []
     paper_minutes = {row.cap: statistics.median(r.final.minutes for r in runs[row.spec])
                      for row in rows if row.base == "paper" and not row.changes}
-    print(f"{'row':<24} {'oneDNN':<7} {'seeds':>5} {'accuracy % (low-high)':>22} "
+    width = max(len("row"), *(len(row.spec) for row in rows))
+    print(f"{'row':<{width}} {'oneDNN':<7} {'seeds':>5} {'accuracy % (low-high)':>22} "
           f"{'epochs':>7} {'minutes':>8} {'/ paper':>8}")
     for row in rows:
         done = runs[row.spec]
@@ -412,7 +413,7 @@ def table(rows: list[Row], runs: dict[str, list[Run]]) -> list[dict]:
                   "minutes": minutes, "time_vs_paper": ratio}
         figures.append(figure)
         spread = f"{figure['accuracy']:.2f} ({figure['low']:.2f}-{figure['high']:.2f})"
-        print(f"{row.spec:<24} {row.cap or 'native':<7} {len(done):>5} {spread:>22} "
+        print(f"{row.spec:<{width}} {row.cap or 'native':<7} {len(done):>5} {spread:>22} "
               f"{figure['epochs']:>7.2f} {minutes:>8.2f} "
               f"{'' if ratio is None else f'{ratio:.2f}':>8}", flush=True)
     return figures
