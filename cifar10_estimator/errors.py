@@ -69,7 +69,9 @@ def _exit_before_teardown(code: int) -> None:
     import os
 
     tf = sys.modules.get("tensorflow")
-    if tf is not None:
+    # After an error (status 1 or 2) the store itself may be what failed: flushing to it again
+    # would add the writer thread's traceback to the one-line error.
+    if tf is not None and (code == 0 or code > 128):
         try:
             # Estimator keeps its event files open in this cache to the end. Closing them
             # writes out their last events, and deletes the local copy tensorflow-io's S3
