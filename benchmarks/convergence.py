@@ -89,8 +89,8 @@ CANDIDATES = {
     # half of a fast run on 10,000 pictures at batch 256 (39 steps per epoch).
     "ema": ["--moving-average-decay", "0.99"],
     "no-smoothing": ["--label-smoothing", "0"],
-    # The peak at batch 128 (the recipe's reference batch): 0.3 instead of 0.2; the rate a run
-    # uses follows its batch (--lr-reference-batch).
+    # The peak at batch 128 (the recipe's reference batch): 0.3 instead of the recipe's; the
+    # rate a run uses follows its batch (--lr-reference-batch).
     "peak-0.3": ["--learning-rate", "0.3"],
     # Linear warm-up for one epoch, then cosine decay to 0 (Goyal et al. 2017; Loshchilov and
     # Hutter 2017), in place of the one-cycle's longer rise.
@@ -99,11 +99,16 @@ CANDIDATES = {
     "mirror": ["--test-time-mirror", "true"],
     # Short-run regularisation and momentum, as in fast CIFAR-10 training: weight decay 5e-4
     # (Zagoruyko and Komodakis 2016, arXiv:1605.07146), label smoothing 0.2 (Page 2019, "How to
-    # train your ResNet"), Nesterov momentum (Sutskever et al. 2013), a peak twice the recipe's.
+    # train your ResNet"), Nesterov momentum (Sutskever et al. 2013; the recipe's since the
+    # third round), a peak of 0.4 at batch 128 (the recipe's since then).
     "wd-5e-4": ["--weight-decay", "5e-4"],
     "smoothing-0.2": ["--label-smoothing", "0.2"],
     "nesterov": ["--nesterov", "true"],
     "peak-0.4": ["--learning-rate", "0.4"],
+    # The recipe's values before the third round (classic momentum, a peak of 0.2), to rerun
+    # its rows: fast+classic+peak-0.2+epochs-4.
+    "classic": ["--nesterov", "false"],
+    "peak-0.2": ["--learning-rate", "0.2"],
     # Each residual block starting as the identity (Goyal et al. 2017, section 5.1), and no
     # decay on batch-norm scales and shifts or biases (He et al. 2019, section 3.1).
     "zero-gamma": ["--zero-init-residual", "true"],

@@ -83,7 +83,7 @@ class ModelParams:
                               group="schedule", record=True, check=FRACTION)
     nesterov: bool = setting(
         False, "Nesterov momentum (Sutskever et al. 2013) instead of the classic one",
-        group="schedule", record=True)
+        group="schedule", record=True, recipe=True)
     weight_decay: float = setting(
         2e-4, "L2 coefficient of the weights (the ResNet's: every trainable variable; the "
               "tutorial CNN's: its hidden layers' weights)",
