@@ -126,6 +126,10 @@ CANDIDATES = {
 SUSPECTS = {
     # Keras reads moving statistics as training left them; ours recomputes them per checkpoint.
     "no-precise-bn": ["--precise-bn-batches", "0"],
+    # Where the weight decay falls: ours and keras_resnet.py's decay every trainable variable
+    # (batch-norm scales and shifts and the dense bias too); this row shows what moving it
+    # off those changes.
+    "no-bias-decay": ["--no-bias-decay", "true"],
 }
 # The changes a row of each base may name.
 CHANGES = {"fast": CANDIDATES, "paper": SUSPECTS}
