@@ -126,31 +126,24 @@ def precision_cache_home(tmp_path_factory):
     starts: the precision probes' cache is shared by the suite's runs and never touches the
     user's ~/.cache."""
     folder = str(tmp_path_factory.mktemp("xdg-cache"))
-    before = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = folder
-    yield folder
-    if before is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", folder)
+        yield folder
 
 
 @pytest.fixture(scope="session", autouse=True)
 def temp_folder(tmp_path_factory):
     """The suite's TMPDIR, for this process and the commands it starts: the temporary files
-    TensorFlow leaves behind (AutoGraph's generated modules, tensorflow-io's S3 upload
-    buffers) land in pytest's own folder, which pytest prunes, not in the machine's /tmp."""
+    TensorFlow leaves behind (AutoGraph's generated modules) land in pytest's own folder,
+    which pytest prunes, not in the machine's /tmp. (tensorflow-io's S3 client writes to /tmp
+    whatever TMPDIR says.)"""
     import tempfile
 
     folder = str(tmp_path_factory.mktemp("tmp"))
-    before, before_module = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
-    yield folder
-    tempfile.tempdir = before_module
-    if before is None:
-        del os.environ["TMPDIR"]
-    else:
-        os.environ["TMPDIR"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", folder)
+        patch.setattr(tempfile, "tempdir", folder)
+        yield folder
 
 BATCH_NAMES = schema.BATCH_FILES
 # Member order of the official cifar-10-python.tar.gz.

@@ -74,5 +74,5 @@ def decayed_weights(params: ModelParams, variables: Sequence[tf.Variable]) -> li
         return [v for v in variables
                 if v.op.name.endswith(tutorial_cnn.DECAYED_WEIGHTS)]
     if params.no_bias_decay:
-        return [v for v in variables if v.op.name.endswith("/kernel")]
+        return [v for v in variables if v.op.name.endswith(f"/{resnet.KERNEL}")]
     return list(variables)

@@ -26,6 +26,8 @@ from cifar10_estimator.config.settings import blocks_per_stage
 DATA_FORMATS = ("channels_last", "channels_first")
 NUM_FILTERS = (16, 16, 32, 64)  # stem, then stages 1-3 (paper, section 4.2)
 STAGE_STRIDES = (1, 2, 2)
+# The last part of every convolution's and the dense layer's weight-matrix name.
+KERNEL = "kernel"
 
 
 class _Builder:
@@ -56,7 +58,7 @@ class _Builder:
         # He et al. 2015 ("Delving Deep into Rectifiers", arXiv:1502.01852) initialisation,
         # which the ResNet paper uses (section 3.4).
         return tf.compat.v1.get_variable(
-            f"{name}/kernel", [3, 3, in_filters, filters], tf.float32,
+            f"{name}/{KERNEL}", [3, 3, in_filters, filters], tf.float32,
             initializer=tf.compat.v1.variance_scaling_initializer(
                 scale=2.0, mode="fan_in", distribution="truncated_normal"))
 
@@ -220,7 +222,7 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
 
     x = tf.reduce_mean(tf.cast(x, tf.float32), axis=[2, 3] if b.nchw else [1, 2])  # 64
     kernel = tf.compat.v1.get_variable(
-        "dense/kernel", [NUM_FILTERS[-1], num_classes], tf.float32,
+        f"dense/{KERNEL}", [NUM_FILTERS[-1], num_classes], tf.float32,
         initializer=tf.compat.v1.glorot_uniform_initializer())
     bias = tf.compat.v1.get_variable("dense/bias", [num_classes], tf.float32,
                                      initializer=tf.compat.v1.zeros_initializer())
