@@ -9,9 +9,13 @@ and 256 and p50/p99 latency at batch 1 through:
   ``serving_bytes`` PNG files, ``serving_examples`` and ``classify`` records);
 - ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
   ``Session``, fed and fetched by the signature's tensor names);
-- Keras: ``model.predict`` and a ``tf.function`` call.
+- Keras: ``model.predict`` and a ``tf.function`` call;
+- with ``--test-time-mirror``, also ``serving_default`` of a second export of the same run
+  exported with ``--test-time-mirror true`` (each picture and its mirror through the network,
+  logits averaged): what test-time mirroring costs a served picture.
 
     python benchmarks/serving_bench.py --depth 20 --runs 3
+    python benchmarks/serving_bench.py --depth 20 --runs 3 --test-time-mirror
 """
 
 import argparse
@@ -31,12 +35,13 @@ from sample_records import make_sample_records
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train_and_export(depth: int, work: str) -> tuple[str, str]:
+def train_and_export(depth: int, work: str, name: str = "job",
+                     extra: tuple[str, ...] = ()) -> tuple[str, str]:
     data_dir = make_sample_records(work)
-    job_dir = os.path.join(work, "job")
+    job_dir = os.path.join(work, name)
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
                            "--job-dir", job_dir, "--num-layers", str(depth), "--train-steps",
-                           "20", "--eval-throttle-secs", "100000"],
+                           "20", "--eval-throttle-secs", "100000", "--seed", "1", *extra],
                           capture_output=True, text=True, cwd=REPO)
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
@@ -75,16 +80,25 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per cell")
     parser.add_argument("--batches", default="1,32,256")
+    parser.add_argument("--test-time-mirror", action="store_true",
+                        help="also serve an export made with --test-time-mirror true")
     args = parser.parse_args()
     print_machine_line()
     work = tempfile.mkdtemp(prefix="c10serve.")
     job_dir, saved_model = train_and_export(args.depth, work)
+    mirrored = None
+    if args.test_time_mirror:
+        # The same network, seed and steps; only the exported graph differs, which here is
+        # what is timed.
+        mirrored = train_and_export(args.depth, work, "job-mirror",
+                                    ("--test-time-mirror", "true"))[1]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     from cifar10_estimator.data import schema
 
     model = tf.saved_model.load(saved_model)
+    mirror_model = tf.saved_model.load(mirrored) if mirrored else None
     keras = keras_resnet(args.depth, tf.train.latest_checkpoint(job_dir))
     keras_fn = tf.function(lambda x: keras(x, training=False))
     session = tf.compat.v1.Session(graph=tf.Graph())
@@ -123,6 +137,9 @@ def main() -> None:
                 "Keras model.predict": lambda: keras.predict(x, batch_size=batch, verbose=0),
                 "Keras tf.function": lambda: keras_fn(x).numpy(),
             }
+            if mirror_model is not None:
+                cells["SavedModel serving_default, mirrored"] = lambda: mirror_model.signatures[
+                    "serving_default"](images=x)["probabilities"].numpy()
             # Rotate the order every run, so no contender is always first after a batch change.
             order = list(cells.items())
             shift = run % len(order)
