@@ -10,9 +10,9 @@ and 256 and p50/p99 latency at batch 1 through:
 - ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
   ``Session``, fed and fetched by the signature's tensor names);
 - Keras: ``model.predict`` and a ``tf.function`` call;
-- with ``--test-time-mirror``, also ``serving_default`` of a second export of the same run
-  exported with ``--test-time-mirror true`` (each picture and its mirror through the network,
-  logits averaged): what test-time mirroring costs a served picture.
+- with ``--test-time-mirror``, also ``serving_default`` of a second tiny run's export, made
+  with the same flags and ``--test-time-mirror true`` (each picture and its mirror through the
+  network, logits averaged): what test-time mirroring costs a served picture.
 
     python benchmarks/serving_bench.py --depth 20 --runs 3
     python benchmarks/serving_bench.py --depth 20 --runs 3 --test-time-mirror
@@ -35,9 +35,8 @@ from sample_records import make_sample_records
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train_and_export(depth: int, work: str, name: str = "job",
+def train_and_export(depth: int, work: str, data_dir: str, name: str = "job",
                      extra: tuple[str, ...] = ()) -> tuple[str, str]:
-    data_dir = make_sample_records(work)
     job_dir = os.path.join(work, name)
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir,
                            "--job-dir", job_dir, "--num-layers", str(depth), "--train-steps",
@@ -85,12 +84,13 @@ def main() -> None:
     args = parser.parse_args()
     print_machine_line()
     work = tempfile.mkdtemp(prefix="c10serve.")
-    job_dir, saved_model = train_and_export(args.depth, work)
+    data_dir = make_sample_records(work)
+    job_dir, saved_model = train_and_export(args.depth, work, data_dir)
     mirrored = None
     if args.test_time_mirror:
-        # The same network, seed and steps; only the exported graph differs, which here is
-        # what is timed.
-        mirrored = train_and_export(args.depth, work, "job-mirror",
+        # The same network, seed and steps; the exported graph is what differs, and its speed
+        # does not depend on the weights' values.
+        mirrored = train_and_export(args.depth, work, data_dir, "job-mirror",
                                     ("--test-time-mirror", "true"))[1]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
