@@ -92,7 +92,7 @@ class ModelParams:
         False, "the ResNet's weight decay covers its convolution and dense kernels only, not "
                "the batch-norm scales and shifts or the dense bias (He et al. 2019, "
                "arXiv:1812.01187, section 3.1) (true/false)",
-        group="model", record=True, models=(RESNET,))
+        group="model", record=True, models=(RESNET,), recipe=True)
     learning_rate: float = setting(
         0.1, "peak learning rate: the base of the piecewise schedule (multiplied by "
              "--lr-decay-factors at --lr-boundary-epochs), the start of cosine decay, the top "
