@@ -113,6 +113,8 @@ CANDIDATES = {
     # decay on batch-norm scales and shifts or biases (He et al. 2019, section 3.1).
     "zero-gamma": ["--zero-init-residual", "true"],
     "no-bias-decay": ["--no-bias-decay", "true"],
+    # The weight decay on every variable, as before the fourth round (to rerun its rows).
+    "bias-decay": ["--no-bias-decay", "false"],
     # Batches: a smaller one runs more steps per epoch, which a small training set runs short
     # of, at fewer images/s; the peak follows the batch (0.4 at 256, 0.05 at 32).
     **{f"batch-{b}": ["--train-batch-size", str(b)] for b in (32, 64, 128, 256)},
