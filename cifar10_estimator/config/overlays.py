@@ -74,9 +74,8 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         # Szegedy et al. 2016 (arXiv:1512.00567, section 7): 0.1, as they used.
         "label_smoothing": 0.1,
         # He et al. 2019 (arXiv:1812.01187, section 3.1): the weight decay on the kernels only.
-        # It let 4.5 epochs on 50,000 pictures reach the paper recipe's median (93.01 % against
-        # 92.91 %; 92.83 % without it), and on 10,000 pictures it ended above the recipe
-        # without it (validation split, medians of 3 seeds; docs/performance.md).
+        # It let half an epoch less reach the paper recipe's median on 50,000 pictures (4.5 in
+        # RUN_LENGTHS; 92.83 % without it), at no cost in time (docs/performance.md).
         "no_bias_decay": True,
         "precision": "auto",
     },
