@@ -184,9 +184,13 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
     log = tmp_path / "cluster.log"
+    # The job restarts twice: after the kill at step 200 or later, and after the signal a
+    # moment past the restart; 300 more steps (about 7 s alone on 2 cores) leave the signal
+    # time to land before the end.
+    steps = 500
     cluster = start_cluster(
         ["--num-workers", "2", "--",
-         *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", "800",
+         *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", str(steps),
                        "--save-checkpoints-steps", "100", "--eval-throttle-secs", "100000",
                        "--progress-secs", "1")], log)
     try:
@@ -207,7 +211,7 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
         assert resumed >= 200
         seen = wait_for(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{resumed}", seen)
         # SIGTERM to the worker: every task stops at one agreed step, the chief saves it.
-        sent = wait_for(r"\[worker0\] .*step \d+/800", seen)
+        sent = wait_for(rf"\[worker0\] .*step \d+/{steps}", seen)
         os.kill(_worker_pid(log.read_text(), after=1), signal.SIGTERM)
         wait_for(r"\[chief\] .*stopped with the job \(another task received a signal\) "
                  r"at step (\d+): saved", sent)
@@ -221,7 +225,7 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
     finally:
         stop_cluster(cluster, log)  # the launcher and every task it started, if still running
     text = log.read_text()
-    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 800
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == steps
     assert "[cluster] training finished" in text and "Traceback" not in text
     assert re.search(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{agreed}", text)
 

@@ -158,6 +158,11 @@ def _s3_env(endpoint: str) -> dict:
             "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
+# The AWS SDK's retries cut to one, as docs/storage.md shows for a test: by default a request
+# to a server that does not answer backs off for about 50 s before it fails.
+_FAIL_FAST = {"AWS_RETRY_MODE": "standard", "AWS_MAX_ATTEMPTS": "2"}
+
+
 def _client(endpoint: str):
     import boto3
 
@@ -334,7 +339,7 @@ def test_a_missing_bucket_or_a_server_that_does_not_answer_is_one_line(
     closed = f"http://127.0.0.1:{_free_port()}"
     proc = run_module("cifar10_estimator", *trainer_args(data_dir, "s3://any/job",
                                                          "--train-steps", "2"),
-                      env_extra=_s3_env(closed))
+                      env_extra={**_s3_env(closed), **_FAIL_FAST})
     _one_line_error(proc, "(curlCode: 7, Couldn't connect to server); check that the bucket "
                           "exists and that S3_ENDPOINT")
     assert not os.path.exists(os.path.join(work_dir(), "s3:"))  # never a local folder
@@ -396,10 +401,7 @@ def test_a_server_gone_mid_run_is_one_line_and_the_run_resumes_once_it_is_back(
     data_dir, _ = tiny_records
     relay = _Relay(int(s3_server.rsplit(":", 1)[1]))
     relay.start()
-    # Fail fast once the server is gone, as docs/storage.md shows: the AWS SDK's default
-    # retries take about 50 s for every read.
-    env = {**_s3_env(f"http://127.0.0.1:{relay.port}"), "AWS_RETRY_MODE": "standard",
-           "AWS_MAX_ATTEMPTS": "2"}
+    env = {**_s3_env(f"http://127.0.0.1:{relay.port}"), **_FAIL_FAST}  # once the server is gone
     job_dir = f"s3://{bucket}/job"
     flags = trainer_args(data_dir, job_dir, *S3_RUN, "--save-checkpoints-steps", "3",
                          "--progress-secs", "0.5")
