@@ -185,8 +185,8 @@ def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
     job_dir = tmp_path / "job"
     log = tmp_path / "cluster.log"
     # The job restarts twice: after the kill at step 200 or later, and after the signal a
-    # moment past the restart; 300 more steps (about 7 s alone on 2 cores) leave the signal
-    # time to land before the end.
+    # moment past the restart; 300 more steps (about 7 s alone on 2 cores of an AMD Zen 4)
+    # leave the signal time to land before the end.
     steps = 500
     cluster = start_cluster(
         ["--num-workers", "2", "--",
