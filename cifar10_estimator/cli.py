@@ -7,8 +7,8 @@
   examples at the end; ``--version``.
 - ``@FILE`` reads flags from a file: one or more per line, quoted as in a shell, ``#`` starts a
   comment. Flags after it on the command line win over the file's. A file that includes
-  itself, or a pipe in its place, is refused (``refuse_special_file``, which the package's
-  other reads of local files use too: ``storage.open_file``).
+  itself, or a pipe, socket or device in its place, is refused (``open_regular``, the one way
+  the package opens a local file it reads: ``storage.open_regular``).
 - No abbreviations: ``--num-l`` is not ``--num-layers``, so a flag added later cannot change
   what an old command line means.
 - A bad command line gets one line, not the usage: ``<name>: error: <what>; see --help``, with
@@ -26,7 +26,7 @@ import shlex
 import stat
 import sys
 import textwrap
-from typing import Sequence
+from typing import IO, Sequence
 
 from cifar10_estimator import __version__
 
@@ -37,15 +37,47 @@ HELP_WIDTH = 79
 MAX_FLAG_FILES = 1000
 
 
-def refuse_special_file(path: str) -> None:
-    """Raises ``OSError`` if local ``path`` is a pipe, socket or device: reading a pipe that
-    no one writes to waits forever, where a file put in the wrong place should be an error."""
+def open_regular(path: str, mode: str = "rb", **kwargs) -> IO:
+    """Opens local ``path`` for reading, as ``open(path, mode)`` does, unless it is a pipe
+    (FIFO), a socket or a device: those raise ``OSError`` ("not a regular file but a FIFO")
+    at once, where ``open`` would wait forever for a FIFO's writer or read a device without
+    end (``/dev/zero``). A folder raises ``IsADirectoryError``, as ``open`` does.
+
+    This is ``storage.open_regular``, the package's one way to open a local file it reads. It
+    is written here because flag files are read here, and this module cannot import
+    ``storage`` (``storage`` imports ``errors``, which imports this module: a cycle).
+
+    The ``stat`` first keeps devices from being opened at all (opening some acts: a tape
+    rewinds, a modem line hangs up). It cannot stand alone: the name can be swapped for a
+    FIFO between the ``stat`` and the ``open``. So the file is opened with ``O_NONBLOCK``,
+    under which opening a FIFO returns at once (POSIX open(2)), and what was really opened is
+    checked with ``fstat``; only a regular file is handed back, blocking as usual.
+    """
+    if mode not in ("r", "rb", "rt"):
+        raise ValueError(f"open_regular reads; mode {mode!r} is not a read mode")
+    _refuse_unless_regular(os.stat(path).st_mode, path)  # missing, ...: as open() raises
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return  # open() reports it in its own words
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise OSError(errno.EINVAL, "not a regular file (a pipe, socket or device)", path)
+        _refuse_unless_regular(os.fstat(fd).st_mode, path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                  (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+
+
+def _refuse_unless_regular(mode: int, path: str) -> None:
+    """Raises ``OSError`` unless ``mode`` (``st_mode``) is a regular file's."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "special file")
+    raise OSError(errno.EINVAL, f"not a regular file but a {kind}", path)
 
 
 def invoked_as(module: str) -> str:
@@ -125,8 +157,8 @@ class Parser(argparse.ArgumentParser):
                      f"see --help\n")
 
     def _read_args_from_files(self, arg_strings):
-        # One @FILE at a time, so that an error names the file it is in (argparse's own
-        # reading recurses into this method for the @FILEs a file holds). A file that
+        # One @FILE at a time, so that an error names the file it is in; read here rather than
+        # by argparse, whose plain open() waits forever on a FIFO. A file that
         # includes itself, directly or through others, would recurse until RecursionError;
         # files that include each other many times over would multiply without end.
         reading = self.__dict__.setdefault("_flag_files_reading", [])
@@ -148,13 +180,19 @@ class Parser(argparse.ArgumentParser):
                 self.error(f"the flag file {name}: flag files were read more than "
                            f"{MAX_FLAG_FILES} times for one command line; include each once")
             try:
-                refuse_special_file(name)
+                with open_regular(name, "r") as file:
+                    lines = file.read().splitlines()
             except OSError as e:
-                self.error(f"the flag file {name} cannot be read ({e.strerror})")
+                self.error(f"the flag file {name} cannot be read ({e.strerror or e})")
+            except ValueError as e:  # not text in this locale's encoding
+                self.error(f"the flag file {name} cannot be read ({e})")
             reading.append(key)
             try:
-                expanded.extend(super()._read_args_from_files([arg]))
-            except ValueError as e:  # not UTF-8 text, a NUL, or shlex: an unclosed quote
+                # As argparse's own reading: each line split as a shell would, then the
+                # @FILEs these lines name, read by this method again.
+                found = [token for line in lines for token in self.convert_arg_line_to_args(line)]
+                expanded.extend(self._read_args_from_files(found))
+            except ValueError as e:  # a NUL, or shlex: an unclosed quote
                 self.error(f"the flag file {name} cannot be read ({e})")
             finally:
                 reading.pop()

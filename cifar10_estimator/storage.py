@@ -17,6 +17,10 @@ Errors on a URL come as Python's: ``FileNotFoundError`` for a missing object, ``
 the store's own words for any other failure (an unknown bucket, refused credentials, a server
 that does not answer), so callers handle local paths and URLs alike.
 
+A local file is read only if it is a regular file (``open_regular``): a FIFO, a socket or a
+device in its place raises ``OSError`` at once, where a plain ``open`` would wait forever for a
+FIFO's writer or read ``/dev/zero`` without end.
+
 No TensorFlow is imported for a local path: the generator's set-up runs before it loads.
 """
 
@@ -249,12 +253,20 @@ def rmtree(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# Opens a local file for reading unless it is a pipe, socket or device, which raise OSError at
+# once instead of blocking (see its doc). Every read of a local file in the package goes through
+# it: open_file's, the batches', the archive's, pictures' and flag files'. Written in cli, which
+# reads flag files and cannot import this module (this module imports errors, which imports cli).
+open_regular = cli.open_regular
+
+
 def open_file(path: str, mode: str = "r") -> IO:
     """A file object for reading or writing ``path``. On a URL, reading a missing object
-    raises ``FileNotFoundError`` here, as ``open`` does."""
+    raises ``FileNotFoundError`` here, as ``open`` does. A local file is read only if it is a
+    regular file (``open_regular``)."""
     if not is_url(path):
         if "r" in mode:
-            cli.refuse_special_file(path)
+            return open_regular(path, mode)
         return open(path, mode)
     if "r" in mode and not exists(path):
         raise FileNotFoundError(errno.ENOENT, "no such object", path)
@@ -272,6 +284,10 @@ class _GFileWithOSErrors:
     def read(self, *args):
         with os_errors(self._path):
             return self._file.read(*args)
+
+    def seek(self, offset: int) -> None:
+        with os_errors(self._path):
+            self._file.seek(offset)
 
     def write(self, data):
         with os_errors(self._path):

@@ -7,8 +7,10 @@ interrupted download never leaves something that looks like a complete archive.
 ``extract_batches`` extracts with ``tarfile``'s data filter (PEP 706, Python 3.11.4+), which
 refuses members that would land outside the destination, plus a filter of our own that admits
 only regular files directly inside the dataset's folder (``cifar-10-batches-py/`` or
-``cifar-100-python/``) and refuses everything else by name. Files go to a fresh temporary
-folder beside the destination, renamed into place when everything is there.
+``cifar-100-python/``) and refuses everything else by name. Headers that tarfile would read
+into memory before any filter sees them (GNU long names, pax headers, sparse maps) are bounded
+as they are read (``_bounded_tarinfo``). Files go to a fresh temporary folder beside the
+destination, renamed into place when everything is there.
 """
 
 
@@ -38,6 +40,26 @@ ARCHIVE_SIZE = 170_498_071
 ARCHIVE_NAME = "cifar-10-python.tar.gz"
 # The real archive unpacks to ~178 MB; a larger total is not CIFAR-10 (or is a gzip bomb).
 MAX_EXTRACTED_BYTES = 1 << 30
+# Members an archive may have: the real ones have 9 (CIFAR-10: its folder, 6 batches,
+# batches.meta, readme.html) and 5 (CIFAR-100). tarfile keeps a TarInfo per member read, so
+# without a bound a small archive of repeated folder entries (which the filter skips) fills
+# memory.
+MAX_MEMBERS = 100
+# tarfile reads a GNU long name or long link, and a pax header, whole into memory before any
+# filter sees the member it describes: a 1 MB gzip of one header declaring 1 GiB made it hold
+# 1 GiB. Bounds, far above what a genuine archive holds:
+# - a long name or link is a path: at most PATH_MAX bytes, its NUL included (4,096:
+#   linux/limits.h); nothing longer can be opened or created on Linux anyway.
+MAX_LONG_NAME_BYTES = 4096
+# - a pax header holds a path and a link path (each at most PATH_MAX), times, ids and names,
+#   and the extended attributes tar records (each value at most XATTR_SIZE_MAX, 65,536 bytes:
+#   linux/limits.h): 256 KiB leaves room for several. Global headers, which add up from one
+#   member to the next, share the same bound.
+MAX_PAX_HEADER_BYTES = 256 << 10
+# - headers before one member: a GNU long name and long link, or a pax global and extended
+#   header, so 2; each nests a call in tarfile, so a chain of thousands would end in a
+#   RecursionError holding every header read.
+MAX_EXTENDED_HEADERS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +91,18 @@ def is_md5(text: str) -> bool:
 
 
 def md5_file(path: str) -> str:
-    """The MD5 hex digest of a file."""
-    with open(path, "rb") as f:
+    """The MD5 hex digest of a file (a regular one: ``storage.open_regular``)."""
+    with storage.open_regular(path, "rb") as f:
         return hashlib.file_digest(f, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
 def verify_md5(path: str, expected: str) -> None:
     """Raises ``UserError`` unless the file's MD5 equals ``expected``."""
-    found = md5_file(path)
+    try:
+        found = md5_file(path)
+    except OSError as e:  # a pipe, socket or device in its place; unreadable
+        raise UserError(f"{path} cannot be read as the archive ({storage.reason(e)}); delete "
+                        f"it and run again to download it") from None
     if found != expected.lower():
         raise UserError(f"{path} has MD5 {found}, expected {expected.lower()}: the archive is "
                         "damaged or not the CIFAR-10 python archive; delete it and run again "
@@ -181,6 +207,54 @@ def _refuse(archive_path: str, name: str, why: str) -> UserError:
                      "the archive is not a genuine CIFAR python archive")
 
 
+_LONG_NAMES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+_PAX_HEADERS = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+
+
+def _bounded_tarinfo(archive_path: str) -> type:
+    """A ``tarfile.TarInfo`` class (``tarfile.open(tarinfo=...)``) that refuses, before reading
+    it, a header larger than a genuine archive's (``MAX_LONG_NAME_BYTES``,
+    ``MAX_PAX_HEADER_BYTES``), more than ``MAX_EXTENDED_HEADERS`` of them before one member,
+    and sparse files, whose maps tarfile also reads into memory without a bound (a CIFAR
+    archive has none)."""
+    chain = [0]  # extended headers being read, one inside the other
+
+    def refuse(why: str) -> UserError:
+        return UserError(f"{archive_path}: refused {why}; the archive is not a genuine CIFAR "
+                         "python archive")
+
+    class BoundedTarInfo(tarfile.TarInfo):
+        def _proc_member(self, tar):
+            if self.type == tarfile.GNUTYPE_SPARSE:
+                raise refuse("a sparse member")
+            if self.type not in _LONG_NAMES + _PAX_HEADERS:
+                return super()._proc_member(tar)
+            if self.type in _LONG_NAMES and self.size > MAX_LONG_NAME_BYTES:
+                what = "name" if self.type == tarfile.GNUTYPE_LONGNAME else "link"
+                raise refuse(f"a GNU long {what} of {self.size:,} bytes (a path has at most "
+                             f"{MAX_LONG_NAME_BYTES:,})")
+            held = sum(len(k) + len(v) for k, v in tar.pax_headers.items()) \
+                if self.type == tarfile.XGLTYPE else 0
+            if self.type in _PAX_HEADERS and held + self.size > MAX_PAX_HEADER_BYTES:
+                raise refuse(f"a pax header of {held + self.size:,} bytes (at most "
+                             f"{MAX_PAX_HEADER_BYTES:,})")
+            if chain[0] >= MAX_EXTENDED_HEADERS:
+                raise refuse(f"more than {MAX_EXTENDED_HEADERS} extended headers before a "
+                             "member")
+            chain[0] += 1
+            try:
+                return super()._proc_member(tar)
+            finally:
+                chain[0] -= 1
+
+        def _proc_gnusparse_00(self, *args):
+            raise refuse("a sparse member")
+
+        _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
+
+    return BoundedTarInfo
+
+
 class _MemberFilter:
     """A ``tarfile`` extraction filter: the data filter, then only the dataset's own files.
 
@@ -197,9 +271,13 @@ class _MemberFilter:
         self.folder = folder
         self.written: set[str] = set()
         self.total = 0
+        self.seen = 0
 
     def __call__(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
         name = member.name
+        self.seen += 1
+        if self.seen > MAX_MEMBERS:
+            raise _refuse(self.archive_path, name, f"more than {MAX_MEMBERS} members")
         try:
             member = tarfile.data_filter(member, dest)
         except tarfile.FilterError as e:
@@ -235,7 +313,9 @@ def extract_batches(archive_path: str, dest_dir: str, archive: Archive = CIFAR10
     members = _MemberFilter(archive_path, archive.folder)
     with storage.atomic_dir(final) as tmp:
         try:
-            with tarfile.open(archive_path, "r:*") as tar:
+            # Opened once, as a regular file (storage.open_regular): a pipe would block.
+            with storage.open_regular(archive_path, "rb") as raw, tarfile.open(
+                    fileobj=raw, mode="r:*", tarinfo=_bounded_tarinfo(archive_path)) as tar:
                 tar.extractall(tmp, filter=members)
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
             # tarfile's "r:*" lists each method it tried on a line of its own.

@@ -9,9 +9,10 @@ split; without it no validation file is written.
 Files are taken by their extension (``.png .jpg .jpeg .gif .bmp``, any case), as Keras does;
 other files (``.txt``, ``.DS_Store``, ...) are left out and counted in the summary. A damaged
 picture, a file with an image extension that does not decode or whose header promises more
-pixels than Pillow decodes safely (``images.check_file``), is left out too, counted in the
-summary with the first one named: one bad file among 50,000 should not cost the other
-49,999. A split left with no readable picture stops the run with one line naming its folder.
+pixels than Pillow decodes safely (``images.check_file``), or a pipe, socket or device named
+like a picture (which no reader should wait on), is left out too, counted in the summary with
+the first one named: one bad file among 50,000 should not cost the other 49,999. A split
+left with no readable picture stops the run with one line naming its folder.
 Images of any size and mode are decoded and resized by TensorFlow's own ops, in parallel, with
 ``images.to_cifar_pixels``, the conversion ``predict`` uses, and stored as CIFAR's raw CHW
 bytes (``schema.encode_example``).
@@ -132,7 +133,9 @@ def decode_pictures(paths: Sequence[str],
                     parallel: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 CHW rows [N, 3072] of the pictures that decode, decoded and resized in parallel;
     the indices into ``paths`` of those N pictures). The others, damaged, are left out: those
-    ``images.check_file`` refuses on their header, and those TensorFlow fails to decode."""
+    ``images.check_file`` refuses (not a regular file, or on their header), and those
+    TensorFlow fails to decode. Only files ``check_file`` found regular reach TensorFlow's
+    ``read_file``, which would wait forever on a FIFO."""
     import tensorflow as tf
 
     readable = []

@@ -13,9 +13,11 @@ gigabytes), by Pillow's own limit (``PIL.Image.MAX_IMAGE_PIXELS``, 89,478,485 pi
 0.25 GB as RGB, far beyond any camera picture).
 """
 
+import os
 import warnings
 from typing import BinaryIO, Union
 
+from cifar10_estimator import storage
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
 
@@ -25,13 +27,27 @@ KINDS = "PNG, JPEG, GIF or BMP"
 MAX_PIXELS = 89_478_485
 
 
-def check_file(file: Union[str, BinaryIO], name: str) -> None:
-    """Refuses ``file`` (a path or an open binary file) unless its header is a picture of a
-    size Pillow would decode. Only the header is read.
+def check_file(file: Union[str, os.PathLike, BinaryIO], name: str) -> None:
+    """Refuses ``file`` (a local path or an open binary file) unless its header is a picture of
+    a size Pillow would decode. Only the header is read; a path is opened only if it is a
+    regular file (``storage.open_regular``: Pillow's own ``open`` would wait forever on a FIFO
+    named ``x.png``).
 
     Raises:
-      UserError: naming ``name``: not a picture Pillow recognises, or a decompression bomb.
+      UserError: naming ``name``: not a regular file, not a picture Pillow recognises, or a
+        decompression bomb.
     """
+    if isinstance(file, (str, os.PathLike)):
+        try:
+            with storage.open_regular(file, "rb") as opened:
+                check_file(opened, name)
+        except FileNotFoundError:
+            raise UserError(f"cannot read image {name}: no such file") from None
+        except PermissionError:
+            raise UserError(f"cannot read image {name}: permission denied") from None
+        except OSError as e:  # a pipe, socket, device or folder in its place
+            raise UserError(f"cannot read image {name}: {storage.reason(e)}") from None
+        return
     from PIL import Image  # only commands that read picture files need Pillow
 
     try:
@@ -43,10 +59,6 @@ def check_file(file: Union[str, BinaryIO], name: str) -> None:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise UserError(f"{name} is too large to decode safely ({e.args[0].split(',')[0]}); "
                         f"shrink it first") from None
-    except FileNotFoundError:
-        raise UserError(f"cannot read image {name}: no such file") from None
-    except PermissionError:
-        raise UserError(f"cannot read image {name}: permission denied") from None
     except (OSError, SyntaxError, ValueError):  # UnidentifiedImageError is an OSError
         raise UserError(f"{name} is not a readable {KINDS} image; remove or replace it") from None
 

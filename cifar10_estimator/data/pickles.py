@@ -4,7 +4,9 @@ The batches (``data_batch_1`` .. ``data_batch_5``, ``test_batch``, ``batches.met
 written by Python 2's ``cPickle`` at protocol 2 (https://www.cs.toronto.edu/~kriz/cifar.html).
 A pickle can name any importable callable, so loading an untrusted one with ``pickle.load`` can
 run code. ``load_batch`` therefore uses an unpickler whose ``find_class`` admits only the few
-names a numpy array needs, and then checks that the content is what a CIFAR batch holds.
+names a numpy array needs, and of numpy arrays only those of numbers: an object array is
+pointers, and a hostile one crashes the process as numpy builds it. It then checks that the
+content is what a CIFAR batch holds.
 
 ``dumps_py2`` writes pickles with the opcodes Python 2's ``cPickle`` used, so the built-in sample
 data (``sample_data``) travels exactly the loader path real CIFAR-10 files do.
@@ -20,6 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cifar10_estimator import storage
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
 
@@ -56,6 +59,56 @@ def _sealed(function: Any) -> Any:
 # What a pickle gets for numpy.ndarray: only a token for ``_empty_array``, not the class, which
 # a pickle could otherwise call (REDUCE, NEWOBJ) to allocate any shape without a byte of data.
 _NDARRAY = type("_NdarrayToken", (), {"__slots__": ()})()
+# The kinds of numpy dtype a batch may hold: bool, signed and unsigned integers, floats
+# (numpy's dtype.kind letters). CIFAR's images are uint8; others reach validate_batch, which
+# names them. Every other kind is refused before an array is built: objects ("O"), records,
+# void and sub-arrays ("V"), strings ("S", "U"), dates ("M", "m"), complex numbers ("c").
+# An object array in particular is pointers, not data: its state is a list numpy reads
+# without checking its length against the shape, so a batch of a few hundred bytes can make
+# it read past the list and crash the process (SIGSEGV).
+_NUMERIC_KINDS = "biuf"
+# Longer than any name of such a dtype ("float64", "<u8", "bool"): a name is all a batch needs.
+_MAX_DTYPE_NAME = 16
+
+
+def _numeric(dtype: Any) -> np.dtype:
+    """``dtype`` as a fresh, plain numeric dtype; refused if it is anything else.
+
+    Rebuilt from its type string: a pickle's BUILD can rewrite a dtype's state after it was
+    made (numpy's ``dtype.__setstate__`` takes its flags from the state), and a uint8 dtype
+    whose flags say "holds objects" still compares equal to uint8. The string names only the
+    kind, byte order and size, so what is rebuilt from it is clean."""
+    if not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError("an array's dtype must be a numpy dtype")
+    plain = np.dtype(dtype.str)
+    if (plain.kind not in _NUMERIC_KINDS or plain.names is not None
+            or plain.subdtype is not None or plain.hasobject):
+        raise pickle.UnpicklingError(f"refused dtype {plain.str!r}: a CIFAR batch holds only "
+                                     f"arrays of numbers")
+    return plain
+
+
+def _dtype(name: Any, align: Any = False, copy: Any = False) -> np.dtype:
+    """``numpy.dtype`` as numpy's pickles call it, ``dtype('u1', False, True)``, for plain
+    numeric dtypes named by a short string only (not records, sub-arrays, objects). Always a
+    new dtype object: the pickle's BUILD then sets its state on that copy, never on numpy's
+    shared uint8 dtype (``copy=False`` would hand it out)."""
+    if not isinstance(name, (str, bytes)) or len(name) > _MAX_DTYPE_NAME:
+        raise pickle.UnpicklingError("a dtype is admitted only by a short name, such as 'u1'")
+    return np.dtype(_numeric(np.dtype(name)), copy=True)
+
+
+class _CheckedArray(np.ndarray):
+    """What ``_empty_array`` builds: an ndarray whose ``__setstate__`` (the pickle's BUILD)
+    checks the dtype the state names (``_numeric``) before numpy fills the array from it."""
+
+    def __setstate__(self, state: Any) -> None:
+        # numpy's state: ([version,] shape, dtype, is_fortran, raw data).
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise pickle.UnpicklingError("an array's state is admitted only as numpy pickles "
+                                         "it: ([version,] shape, dtype, is_fortran, data)")
+        *head, dtype, is_fortran, data = state
+        super().__setstate__((*head, _numeric(dtype), is_fortran, data))
 
 
 def _empty_array(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
@@ -65,16 +118,23 @@ def _empty_array(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
     if subtype is not _NDARRAY or not isinstance(shape, tuple) or shape != (0,):
         raise pickle.UnpicklingError("an array is admitted only as numpy pickles one, "
                                      "_reconstruct(ndarray, (0,), dtype) then its state")
-    return np.core.multiarray._reconstruct(np.ndarray, (0,), dtype)
+    return np.core.multiarray._reconstruct(_CheckedArray, (0,), _dtype(dtype))
+
+
+def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """``numpy.core.numeric._frombuffer`` (protocol 5) for numeric dtypes only."""
+    return np.core.numeric._frombuffer(buffer, _numeric(dtype), shape, order)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that can rebuild dicts, lists, strings, numbers and numpy arrays, nothing else.
+    """An unpickler that can rebuild dicts, lists, strings, numbers and numpy arrays of numbers,
+    nothing else.
 
     Containers, strings and numbers need no ``find_class`` at all; a numpy array pickles as
     ``_reconstruct(ndarray, (0,), b'b')`` plus ``__setstate__`` with a ``dtype`` (protocols
     0-4, and every real CIFAR-10 file). Names are mapped to the objects of the numpy installed
-    here, so a pickle never causes an import.
+    here, so a pickle never causes an import, and to checked stand-ins where numpy's own
+    would build more than a batch holds (``_dtype``, ``_empty_array``, ``_frombuffer``).
     """
 
     _reconstruct = _sealed(_empty_array)
@@ -83,11 +143,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
         # numpy >= 2 writes its private package under its new name.
         ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
         ("numpy", "ndarray"): _NDARRAY,
-        ("numpy", "dtype"): np.dtype,
+        # Plain numeric dtypes only, each a fresh copy (_dtype).
+        ("numpy", "dtype"): _sealed(_dtype),
         # Protocol 5 (pickle.HIGHEST_PROTOCOL) rebuilds an array as _frombuffer(buffer, dtype,
         # shape, order), i.e. np.frombuffer(...).reshape(...): data only, no other effect.
-        ("numpy.core.numeric", "_frombuffer"): _sealed(np.core.numeric._frombuffer),
-        ("numpy._core.numeric", "_frombuffer"): _sealed(np.core.numeric._frombuffer),
+        ("numpy.core.numeric", "_frombuffer"): _sealed(_frombuffer),
+        ("numpy._core.numeric", "_frombuffer"): _sealed(_frombuffer),
         # Python 3 at protocol 2 has no opcode for bytes and writes them as
         # _codecs.encode(<latin-1 str>, 'latin1'); the array data of a batch re-saved that way
         # (e.g. by a Python 3 conversion script) needs it. The real files, from Python 2, never
@@ -110,13 +171,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 def _read_file(path: str) -> bytes:
     try:
-        size = os.path.getsize(path)
-        if os.path.isdir(path):
-            raise IsADirectoryError
-        if size > MAX_BATCH_FILE_BYTES:
-            raise UserError(f"{path} is {size:,} bytes, far larger than a CIFAR batch "
-                            f"(31 MB); it is not a batch file")
-        with open(path, "rb") as f:
+        # Not a pipe, socket or device (storage.open_regular): reading one would wait or never end.
+        with storage.open_regular(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BATCH_FILE_BYTES:
+                raise UserError(f"{path} is {size:,} bytes, far larger than a CIFAR batch "
+                                f"(31 MB); it is not a batch file")
             return f.read()
     except FileNotFoundError:
         raise UserError(f"{path} not found: the CIFAR batch folder is incomplete; delete it "
@@ -126,6 +186,10 @@ def _read_file(path: str) -> bytes:
                         "with the genuine extracted batches") from None
     except PermissionError:
         raise UserError(f"{path} cannot be read (permission denied)") from None
+    except OSError as e:  # a pipe, socket or device; an I/O error
+        raise UserError(f"{path} cannot be read as a CIFAR batch ({storage.reason(e)}); "
+                        "delete the CIFAR batch folder so that it is extracted again from "
+                        "the archive") from None
 
 
 # More opcodes than any CIFAR file has (CIFAR-100's train file: ~250,000); each can leave an
@@ -275,8 +339,8 @@ def load_label_names(path: str, key: str = "label_names",
     The names only label predictions, so a missing or odd meta file is not an error; it is
     unpickled with the same restricted unpickler as the batches all the same.
     """
-    if not os.path.isfile(path):
-        return None
+    if not os.path.exists(path) or os.path.isdir(path):
+        return None  # a pipe, socket or device is refused by load_pickle, not waited on
     meta = load_pickle(path)
     names = meta.get(key.encode()) if isinstance(meta, dict) else None
     if (not isinstance(names, list) or len(names) != num_classes

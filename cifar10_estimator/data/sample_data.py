@@ -165,8 +165,8 @@ def _batch_dict(batch_label: str, data: np.ndarray, labels: np.ndarray,
 def read_marker(batches_dir: str) -> dict | None:
     """The settings recorded in a sample-data folder, or None if it is not one of ours."""
     try:
-        with open(os.path.join(batches_dir, MARKER_NAME)) as f:
-            marker = json.load(f)
+        # Not a pipe or device (a plain open() would wait on a FIFO), nor JSON nested too deep.
+        marker = storage.read_json(os.path.join(batches_dir, MARKER_NAME))
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict) or marker.get("generator") != _MARKER_GENERATOR:

@@ -39,7 +39,9 @@ def _locate_source(data_dir: str, source_url: str, source_md5: str, log: Callabl
     if os.path.lexists(batches_dir):
         raise UserError(f"{batches_dir} exists but is not a folder; remove it")
     archive = os.path.join(data_dir, spec.name)
-    if os.path.isfile(archive):
+    # Not only a regular file: a pipe, socket or device there is refused by verify_md5 rather
+    # than replaced by a download.
+    if os.path.exists(archive) and not os.path.isdir(archive):
         log(f"Checking {archive}")
         archives.verify_md5(archive, source_md5)
         description = f"{os.path.abspath(archive)} (MD5 {source_md5.lower()})"

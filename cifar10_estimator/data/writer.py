@@ -68,10 +68,11 @@ def write_tfrecords(source: Source, output_dir: str,
                         f"no record file was replaced; "
                         f"{storage.fix_for(output_dir, '--output-dir')}") from None
     # A split this source does not have (an image folder without validation/) must not leave
-    # an older run's file beside metadata that no longer describes it.
+    # an older run's file beside metadata that no longer describes it (nor a pipe or device
+    # under its name, which a reader would refuse).
     for split in schema.SPLITS:
         stale = schema.record_path(output_dir, split)
-        if split not in facts and storage.isfile(stale):
+        if split not in facts and storage.exists(stale) and not storage.isdir(stale):
             storage.remove(stale)
     metadata.write_metadata(output_dir, facts, source.description, source.label_names,
                            source.dataset)

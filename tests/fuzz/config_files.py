@@ -3,9 +3,11 @@ files (``@FILE`` on any command line) and the ``TF_CONFIG`` cluster description.
 
 - ``settings-json``: ``jobdir.settings_record`` reads the record a first run wrote, on every
   rerun, by every worker and evaluator and by ``evaluate``; a chief may rewrite it. Damaged
-  bytes, hostile JSON and things that are not files in its place.
+  bytes, hostile JSON and things that are not files in its place (folders, links that lead
+  nowhere, pipes, sockets, devices: refused at once, never waited on).
 - ``flag-file``: ``config.flags.parse`` (the trainer's command line, through ``cli.Parser``)
-  expands ``@FILE`` arguments: generated and damaged flag lines, files that include each other.
+  expands ``@FILE`` arguments: generated and damaged flag lines, files that include each other,
+  and a pipe, socket or device named as a flag file.
 - ``tf-config``: ``distributed.cluster.check_tf_config`` checks the variable's value, then
   ``training.task.run_config`` hands it to Estimator's ``RunConfig`` (which reads the
   environment itself: set here for the case, in this process, and restored).
@@ -26,6 +28,7 @@ from hypothesis import strategies as st
 from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
 from cifar10_estimator.jobdir import settings_record
 from fuzz import harness
+from fuzz.data_files import SPECIALS, special_file
 
 # JSON values of every type, the hostile ones included: they replace a field's value.
 _HOSTILE_NUMBERS = st.sampled_from([float("nan"), float("inf"), -float("inf"), 10 ** 400,
@@ -121,7 +124,8 @@ _RAW_RECORDS = st.sampled_from([
 ])
 
 # Things other than a file in the record's place.
-_SHAPES = ("file", "file", "file", "folder", "symlink-loop", "dangling-symlink", "missing")
+_SHAPES = ("file", "file", "file", "folder", "symlink-loop", "dangling-symlink",
+           "missing") + SPECIALS
 
 
 def _settings_cases():
@@ -164,6 +168,8 @@ def _check_settings(case, scratch: str, context) -> str:
         os.symlink(path, path)
     elif shape == "dangling-symlink":
         os.symlink(os.path.join(job, "gone"), path)
+    elif shape in SPECIALS:
+        special_file(path, shape)
     outcome, recorded = harness.refused(lambda: settings_record.read(job), path)
     if outcome != harness.ACCEPTED or recorded is None:
         return outcome
@@ -231,7 +237,8 @@ def _flag_line(draw) -> bytes:
     return draw(st.text(max_size=40)).encode("utf-8", "surrogatepass")
 
 
-_INCLUDES = ("none", "self", "cycle", "missing", "folder", "chain", "fan-out", "nul-name")
+_INCLUDES = ("none", "self", "cycle", "missing", "folder", "chain", "fan-out",
+             "nul-name") + SPECIALS
 
 
 def _flag_file_cases():
@@ -255,7 +262,9 @@ def _check_flag_file(case, scratch: str, context) -> str:
     line = {"none": None, "self": f"@{main}", "cycle": f"@{other}",
             "missing": f"@{os.path.join(scratch, 'nothing.flags')}",
             "folder": f"@{scratch}", "chain": f"@{other}", "fan-out": f"@{other}",
-            "nul-name": "@a\x00b"}[include]
+            "nul-name": "@a\x00b"}.get(include, f"@{other}")
+    if include in SPECIALS:  # refused at once: argparse's own open() waits on a pipe
+        special_file(other, include)
     if line:
         content = (content + b"\n" + line.encode()) if at_end else (line.encode() + b"\n" +
                                                                      content)
@@ -426,9 +435,9 @@ KINDS = [
         reader="jobdir.settings_record.read, check",
         tried="a record written by settings_record.write, damaged as bytes; its JSON with "
               "values of every type (NaN, Infinity, huge numbers, nesting 3000 deep), keys "
-              "missing, added or repeated; BOM, not UTF-8, empty; a folder, a symlink loop or "
-              "a dangling symlink in its place; checked by a chief or a worker, with and "
-              "without --change-settings",
+              "missing, added or repeated; BOM, not UTF-8, empty; a folder, a symlink loop, "
+              "a dangling symlink, a pipe, a socket, /dev/zero or /dev/null in its place; "
+              "checked by a chief or a worker, with and without --change-settings",
         strategy=_settings_cases(),
         check=_check_settings,
         regressions=(
@@ -448,7 +457,8 @@ KINDS = [
         tried="generated flag lines (valid flags, unknown ones, bad values, bare flags, NUL "
               "bytes, Latin-1, lines of 20,000 characters) and a valid flag file damaged as "
               "bytes; an @FILE that includes itself, a cycle of two, one missing, a folder, a "
-              "NUL in its name, 20 levels each including the next twice",
+              "NUL in its name, 20 levels each including the next twice, a pipe, a socket, "
+              "/dev/zero or /dev/null",
         strategy=_flag_file_cases(),
         check=_check_flag_file,
         regressions=(

@@ -1,12 +1,22 @@
 """Fuzzing kinds for the dataset files the generator and the trainer read.
 
 - ``cifar-pickle``: CIFAR's python batch and meta files (``data.pickles``), with pickles that
-  would run code if unpickled freely (each would create a canary file; it must not appear);
+  would run code if unpickled freely (each would create a canary file; it must not appear),
+  arrays of every dtype numpy pickles (objects, records, strings; dtype states rewritten by
+  BUILD), and pipes, sockets and devices in the files' place;
+- ``cifar-batches``: the extracted batch folder as the generator loads it
+  (``data.sources.load_source``), with pipes, sockets, devices, folders, dangling links,
+  missing and empty files in place of its files, of the folder itself or of the archive;
 - ``cifar-archive``: the downloaded tar archive (``data.archives.extract_batches``), with path
   tricks, links, special files and bombs (nothing may land outside the destination, no link
   may be made, and a refusal leaves the destination empty);
 - ``tfrecords``: the generator's record files and its metadata file as the trainer checks
-  them (``data.metadata``): accepted means the file really reads to its end.
+  them (``data.metadata``): accepted means the file really reads to its end. Lengths are
+  rewritten with valid CRCs too (huge, just past the end, exactly at the end), metadata is
+  forged to match hostile records, and pipes, sockets and devices stand in for either file.
+
+``special_file`` makes the pipes, sockets and device links the picture and settings kinds use
+too: each must be refused at once, never waited on (a case past its time limit fails).
 
 Seed inputs are built once (``functools.cache``) in memory and mutated per case; a case only
 writes under its own ``scratch`` folder.
@@ -15,6 +25,8 @@ writes under its own ``scratch`` folder.
 import functools
 import gzip
 import bz2
+import hashlib
+import io
 import json
 import lzma
 import os
@@ -23,6 +35,7 @@ import resource
 import stat
 import struct
 import tarfile
+import tracemalloc
 
 import numpy as np
 from hypothesis import strategies as st
@@ -30,10 +43,31 @@ from hypothesis import strategies as st
 from fuzz import harness
 from fuzz.harness import ACCEPTED, REFUSED, Violation
 
-from cifar10_estimator.data import archives, metadata, pickles, schema
+from cifar10_estimator.data import archives, metadata, pickles, sample_data, schema, sources
 from cifar10_estimator.errors import UserError
 
 IMAGE_BYTES = schema.IMAGE_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# What is not a file: every kind that reads a local file puts these in its place.
+
+SPECIALS = ("fifo", "socket", "dev-zero", "dev-null")
+
+
+def special_file(path: str, what: str) -> None:
+    """Puts at ``path`` what a reader must refuse without waiting: a FIFO that no one writes
+    to (a plain open() waits forever), a socket (made by mknod, bound by no one), or a link to
+    a character device (/dev/zero reads zeros without end, /dev/null nothing). Harmless to
+    leave behind: removing the case's folder unlinks them, and links only point."""
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "socket":
+        os.mknod(path, 0o600 | stat.S_IFSOCK)
+    elif what in ("dev-zero", "dev-null"):
+        os.symlink(f"/dev/{what[4:]}", path)
+    else:
+        raise ValueError(what)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +229,8 @@ def _array(draw) -> object:
     n = draw(st.integers(0, 3))
     width = draw(st.sampled_from((IMAGE_BYTES, IMAGE_BYTES - 1, IMAGE_BYTES + 1, 0, 1024)))
     how = draw(st.sampled_from(("uint8", "int64", "float32", "bool", "object", "1d", "3d",
-                                "fortran", "bytes", "list", "none", "structured")))
+                                "fortran", "bytes", "list", "none", "structured",
+                                "object-field", "string", "complex")))
     base = _images(n, width)
     if how in ("int64", "float32", "bool"):
         return base.astype(how)
@@ -215,6 +250,12 @@ def _array(draw) -> object:
         return None
     if how == "structured":
         return np.zeros((n, width), dtype=[("r", "u1")])
+    if how == "object-field":
+        return np.zeros((n, width), dtype=[("r", "O")])
+    if how == "string":
+        return base.astype("S1")
+    if how == "complex":
+        return base.astype(np.complex64)
     return base
 
 
@@ -267,6 +308,58 @@ def _generated_batch(draw) -> bytes:
         return pickle.dumps(obj, protocol=2)
 
 
+# dtypes by name, as numpy's pickles give them to numpy.dtype: the plain numeric ones a batch may
+# hold, and every other kind (objects, records, void, sub-arrays, strings, dates, complex),
+# misspelt and over-long names.
+_DTYPE_NAMES = ("u1", "|u1", "f8", "b1", "i8", ">u2", "float64", "O", "O8", "V8", "S3", "U2",
+                "M8", "m8[s]", "c8", "u1,u1", "(2,)u1", "(3072,)u1", "x", "u" * 40)
+# A dtype's BUILD state, flags last: None (no BUILD), numpy's own for a plain dtype (0), and
+# the flags of an object dtype (63: NPY_OBJECT_DTYPE_FLAGS), which numpy's dtype.__setstate__
+# takes as they are.
+_DTYPE_FLAGS = (None, 0, 63, 1, 8)
+_SHAPES = ((1, IMAGE_BYTES), (2, IMAGE_BYTES), (3,), (10**6,), (10**6, IMAGE_BYTES), (0,), ())
+_ARRAY_DATA = ("exact", "short", "list-exact", "list-short", "none")
+
+
+def _dtype_ops(name, copy: bool, flags) -> bytes:
+    """Opcodes that push numpy.dtype(name, False, copy), then BUILD its state with ``flags``."""
+    ops = _global("numpy", "dtype", False) + _asm((name, False, copy)) + pickle.REDUCE
+    if flags is not None:
+        ops += _asm((3, "|", None, None, None, -1, -1, flags)) + pickle.BUILD
+    return ops
+
+
+def _array_pickle(name, copy: bool, flags, shape: tuple, data: str, how: str) -> bytes:
+    """A batch whose 'data' is an array assembled as numpy pickles one, its parts chosen: the
+    dtype, its state, the shape, and the data (bytes or a list of items, as many as the shape
+    holds or fewer). ``how``: protocol 2's _reconstruct + BUILD, or protocol 5's _frombuffer."""
+    size = 1
+    for n in shape:
+        size *= n
+    count = size if size <= 2 * IMAGE_BYTES else 3  # never more than a small file holds
+    items = {"exact": bytes(count), "short": bytes(min(count, 3) // 2),
+             "list-exact": [7] * count, "list-short": [7] * min(count, 3), "none": None}[data]
+    if how == "frombuffer":
+        array = (_global("numpy.core.numeric", "_frombuffer", False) + pickle.MARK
+                 + _asm(items if isinstance(items, bytes) else b"") + _dtype_ops(name, copy, flags)
+                 + _asm(shape) + _asm("C") + pickle.TUPLE + pickle.REDUCE)
+    else:
+        array = (_global("numpy.core.multiarray", "_reconstruct", False) + pickle.MARK
+                 + _global("numpy", "ndarray", False) + _asm((0,)) + _asm(b"b") + pickle.TUPLE
+                 + pickle.REDUCE + pickle.MARK + _asm(1) + _asm(shape)
+                 + _dtype_ops(name, copy, flags) + pickle.NEWFALSE + _asm(items) + pickle.TUPLE
+                 + pickle.BUILD)
+    labels = [0] * (shape[0] if len(shape) == 2 and shape[0] <= 2 else 1)
+    return (pickle.PROTO + b"\x02" + pickle.EMPTY_DICT + pickle.MARK + _text("data") + array
+            + _text("labels") + _asm(labels) + pickle.SETITEMS + pickle.STOP)
+
+
+_ARRAY_CASES = st.builds(_array_pickle, st.sampled_from(_DTYPE_NAMES), st.booleans(),
+                         st.sampled_from(_DTYPE_FLAGS), st.sampled_from(_SHAPES),
+                         st.sampled_from(_ARRAY_DATA), st.sampled_from(("reconstruct",
+                                                                        "frombuffer")))
+
+
 _RAW_PICKLES = (
     b"", b".", b"N", b"\x80", b"\x80\x02", b"\x80\x02}", b"\x80\x06N.", b"(((((((.",
     b"S'\\xff\\xfe'\n.", b"V\\udcff\n.", b"X\x02\x00\x00\x00\xff\xfe.", b"I99999999999999999999\n.",
@@ -288,6 +381,7 @@ def _pickle_cases() -> st.SearchStrategy:
                                    "memo")), st.integers(1, 20_000)).map(lambda a: _deep(*a)),
         st.sampled_from(_RAW_PICKLES),
         st.binary(max_size=256),
+        _ARRAY_CASES,
     )
     hostile = st.tuples(st.sampled_from(_CODE), st.sampled_from(_INVOKE),
                         st.sampled_from((0, 1, 2, 10**5, 10**9, 2**40)), st.booleans())
@@ -296,6 +390,7 @@ def _pickle_cases() -> st.SearchStrategy:
         st.tuples(st.just("meta"), st.one_of(st.just(_meta_seed()),
                                              harness.mutated(_meta_seed()), batch_bytes)),
         st.tuples(st.sampled_from(("batch-hostile", "meta-hostile")), hostile),
+        st.tuples(st.sampled_from(("batch-special", "meta-special")), st.sampled_from(SPECIALS)),
     )
 
 
@@ -306,14 +401,26 @@ def _admitted_unchanged() -> None:
     frombuffer = np.core.numeric._frombuffer
     if frombuffer.__dict__ or frombuffer.__defaults__ is not None:
         raise Violation("a pickle changed numpy's _frombuffer")
+    shared = np.dtype(np.uint8)  # numpy's one uint8 dtype: BUILD on it would change them all
+    if shared.hasobject or shared.flags != 0 or shared.itemsize != 1:
+        raise Violation("a pickle changed numpy's uint8 dtype for the whole process")
 
 
 def check_pickle(case, scratch: str, context) -> str:
     target, payload = case
     canary = os.path.join(scratch, "canary")
-    raw = _hostile(payload, canary) if target.endswith("hostile") else payload
     meta = target.startswith("meta")
     path = os.path.join(scratch, "batches.meta" if meta else "data_batch_1")
+    if target.endswith("special"):
+        # A pipe, socket or device where the file should be: refused at once, meta included
+        # (an odd but readable meta file is ignored; one that cannot be read is refused).
+        special_file(path, payload)
+        reader = pickles.load_label_names if meta else pickles.load_batch
+        outcome, _ = harness.refused(lambda: reader(path), path)
+        if outcome != REFUSED:
+            raise Violation(f"{payload} in place of {path} was read")
+        return outcome
+    raw = _hostile(payload, canary) if target.endswith("hostile") else payload
     with open(path, "wb") as f:
         f.write(raw)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -345,6 +452,90 @@ def check_pickle(case, scratch: str, context) -> str:
     if growth_mib > 256:
         raise Violation(f"reading a {len(raw)}-byte {path} took {growth_mib} MiB")
     return outcome
+
+
+# ---------------------------------------------------------------------------------------------
+# cifar-batches
+
+_BATCH_FOLDER_FILES = schema.BATCH_FILES + ("batches.meta", sample_data.MARKER_NAME)
+_IN_PLACE = SPECIALS + ("folder", "dangling", "missing", "empty")
+# What stands where the folder itself, or the archive beside it, belongs (nothing that would
+# make the generator download the archive: a case never touches the network).
+_FOLDER_PLACES = {"<folder>": SPECIALS + ("dangling", "empty"), "<archive>": SPECIALS + ("empty",)}
+
+
+def _batches_folder_cases() -> st.SearchStrategy:
+    files = st.tuples(st.sampled_from(_BATCH_FOLDER_FILES), st.sampled_from(_IN_PLACE))
+    folders = st.sampled_from(sorted(_FOLDER_PLACES)).flatmap(
+        lambda where: st.tuples(st.just(where), st.sampled_from(_FOLDER_PLACES[where])))
+    return st.one_of(st.lists(files, max_size=3, unique_by=lambda r: r[0]),
+                     st.lists(folders, min_size=1, max_size=1)).map(tuple)
+
+
+def _marker() -> bytes:
+    """A sample-data marker as sample_data.write_sample_data writes it."""
+    return json.dumps({"generator": sample_data._MARKER_GENERATOR,
+                       "format": sample_data._MARKER_FORMAT, "seed": 0,
+                       "images_per_batch": 1}).encode()
+
+
+def check_batches_folder(case, scratch: str, context) -> str:
+    """``load_source`` on a batch folder with some files (or the folder, or the archive)
+    replaced: refused in one line naming one of them exactly when a batch cannot be read or
+    batches.meta is no file it can read; never waited on."""
+    data_dir = os.path.join(scratch, "data")
+    folder = os.path.join(data_dir, FOLDER)
+    os.makedirs(folder)
+    bodies = dict(_file_bodies(), **{sample_data.MARKER_NAME: _marker()})
+    for name in _BATCH_FOLDER_FILES:
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(bodies[name])
+    must_refuse, named = False, []
+    for where, what in case:
+        path = {"<folder>": folder,
+                "<archive>": os.path.join(data_dir, archives.ARCHIVE_NAME)}.get(
+                    where, os.path.join(folder, where))
+        if where == "<archive>":
+            for name in os.listdir(folder):
+                os.remove(os.path.join(folder, name))
+            os.rmdir(folder)
+        elif os.path.isdir(path):
+            for name in os.listdir(path):
+                os.remove(os.path.join(path, name))
+            os.rmdir(path)
+        else:
+            os.remove(path)
+        if what in SPECIALS:
+            special_file(path, what)
+        elif what == "folder":
+            os.mkdir(path)
+        elif what == "dangling":
+            os.symlink(os.path.join(scratch, "gone"), path)
+        elif what == "empty":
+            open(path, "wb").close()
+        # The batches and the folder must be there and readable; batches.meta may be missing
+        # (or a folder, or a link to nothing), but not unreadable; the marker only describes.
+        if where in schema.BATCH_FILES or where in _FOLDER_PLACES or (
+                where == "batches.meta" and what in SPECIALS + ("empty",)):
+            must_refuse = True
+            named.append(path)
+    try:
+        source = sources.load_source(data_dir, source_url="http://127.0.0.1:9/unreachable",
+                                     log=lambda _: None, timeout=1)
+    except UserError as e:
+        harness.one_line(e)
+        if not must_refuse:
+            raise Violation(f"refused a batch folder the rules accept: {e}") from None
+        if not any(path in str(e) for path in named):
+            raise Violation(f"the refusal {str(e)!r} names none of {named}") from None
+        return REFUSED
+    if must_refuse:
+        raise Violation(f"read a batch folder with {case}")
+    sizes = {split: [len(batch.labels) for batch in batches]
+             for split, batches in source.splits.items()}
+    if sizes != {split: [1] * len(names) for split, names in schema.SPLITS.items()}:
+        raise Violation(f"read batches of {sizes} images")
+    return ACCEPTED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,9 +649,102 @@ def _build(members: tuple, valid_first: bool, scratch: str) -> bytes:
     return b"".join(out) + b"\0" * (2 * tarfile.BLOCKSIZE)
 
 
+# Headers tarfile reads whole into memory before any filter sees their member: GNU long names
+# and links, pax extended and global headers (and Solaris'), and GNU sparse maps.
+_BIG_HEADERS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+                tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+# Declared (and held) sizes: a real name, the bounds and one byte over, and 64 MiB (a 64 KiB
+# gzip: tarfile held all 64 MiB before the bound).
+_HEADER_SIZES = (100, archives.MAX_LONG_NAME_BYTES, archives.MAX_LONG_NAME_BYTES + 1,
+                 archives.MAX_PAX_HEADER_BYTES, archives.MAX_PAX_HEADER_BYTES + 1, 64 << 20)
+
+
+def _write_extended(out, kind: bytes, size: int) -> None:
+    """Writes one extended header of ``kind`` holding ``size`` bytes to ``out``, its body in
+    pieces of 1 MiB: a long name of that length (NUL-terminated), or one pax record
+    ``"LEN comment=aaa...\n"`` of that length."""
+    long_name = kind in _BIG_HEADERS[:2]
+    head = f"{FOLDER}/".encode() if long_name else f"{size} comment=".encode()
+    tail = b"\0" if long_name else b"\n"
+    info = tarfile.TarInfo("././@LongLink" if long_name else "pax")
+    info.type, info.size = kind, size
+    out.write(info.tobuf(tarfile.GNU_FORMAT if long_name else tarfile.USTAR_FORMAT))
+    out.write(head[:size - 1])
+    fill = max(0, size - len(head) - 1)
+    for start in range(0, fill, 1 << 20):
+        out.write(b"a" * min(1 << 20, fill - start))
+    out.write(tail + b"\0" * (-size % tarfile.BLOCKSIZE))
+
+
+@functools.cache
+def _header_archive(kind: bytes, size: int, repeat: int) -> bytes:
+    """``repeat`` extended headers of ``kind`` and ``size`` in a row, then a batch; gzipped
+    as it is written (a 64 MiB header never sits in this process's memory)."""
+    batch = _file_bodies()["data_batch_1"]
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=1, mtime=0) as out:
+        out.write(_header(FOLDER + "/", tarfile.DIRTYPE, 0, fmt=tarfile.USTAR_FORMAT))
+        for _ in range(repeat):
+            _write_extended(out, kind, size)
+        out.write(_header(f"{FOLDER}/data_batch_1", tarfile.REGTYPE, len(batch),
+                          fmt=tarfile.USTAR_FORMAT) + _padded(batch) + b"\0" * 1024)
+    return buffer.getvalue()
+
+
+@functools.cache
+def _sparse_archive(style: str) -> bytes:
+    """A sparse member: GNU's old format (type S), or pax's GNU.sparse 1.0, whose map (read
+    whole by tarfile) declares a billion regions."""
+    if style == "old":
+        info = tarfile.TarInfo(f"{FOLDER}/data_batch_1")
+        info.type, info.size = tarfile.GNUTYPE_SPARSE, 0
+        tar = info.tobuf(tarfile.GNU_FORMAT)
+    else:
+        pax = _header(f"{FOLDER}/data_batch_1", tarfile.REGTYPE, 1 << 20,
+                      pax=(("GNU.sparse.major", "1"), ("GNU.sparse.minor", "0"),
+                           ("GNU.sparse.name", f"{FOLDER}/data_batch_1")))
+        tar = pax + _padded(b"1000000000\n" + b"1\n" * ((1 << 20) // 2 - 6))
+    return _compress(tar + b"\0" * 1024, "gz")
+
+
+@functools.cache
+def _repeated_folders(count: int) -> bytes:
+    """The folder's entry ``count`` times (each skipped by the member filter), then nothing;
+    gzipped as it is written."""
+    head = _header(FOLDER + "/", tarfile.DIRTYPE, 0, fmt=tarfile.USTAR_FORMAT)
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=1, mtime=0) as out:
+        for start in range(0, count, 1000):
+            out.write(head * min(1000, count - start))
+        out.write(b"\0" * 1024)
+    return buffer.getvalue()
+
+
+def _header_cases() -> st.SearchStrategy:
+    """("headers", kind, size, repeat), ("sparse", style), ("folders", count): built when
+    checked (``_built``), so a case's report stays short."""
+    return st.one_of(
+        st.tuples(st.sampled_from(_BIG_HEADERS), st.sampled_from(_HEADER_SIZES)).flatmap(
+            # Chains of headers: long ones only of small headers (2,000 of 256 KiB would take
+            # seconds to build, and test the same bound as 5).
+            lambda a: st.tuples(st.just("headers"), st.just(a[0]), st.just(a[1]),
+                                st.sampled_from((1,) if a[1] > 1 << 20 else (
+                                    1, 2, archives.MAX_EXTENDED_HEADERS + 1) + (
+                                        (2000,) if a[1] <= 1 << 13 else ())))),
+        st.tuples(st.just("sparse"), st.sampled_from(("old", "pax-1.0"))),
+        st.tuples(st.just("folders"), st.sampled_from((2, archives.MAX_MEMBERS + 1, 200_000))),
+    )
+
+
+def _built(case) -> bytes:
+    return {"headers": _header_archive, "sparse": _sparse_archive,
+            "folders": _repeated_folders}[case[0]](*case[1:])
+
+
 def _archive_cases() -> st.SearchStrategy:
     compressions = st.sampled_from(("gz", "gz", "gz", "bz2", "xz", "none"))
     return st.one_of(
+        _header_cases(),
         st.tuples(st.just("bytes"), compressions.map(_valid_archive).flatmap(harness.mutated),
                   st.booleans()),
         st.tuples(st.just("bytes"), st.sampled_from((_valid_archive("gz"), b"", b"\x1f\x8b",
@@ -478,6 +762,11 @@ def _tree(root: str) -> list[str]:
     return found
 
 
+# What extraction may hold in memory at once: tarfile's copy buffer and a few headers, and the
+# decompressor's window (measured: under 1 MiB for the real layout and the 8 MiB bombs).
+_MAX_HELD = 16 << 20
+
+
 def check_archive(case, scratch: str, context) -> str:
     archive = os.path.join(scratch, "cifar-10-python.tar.gz")
     dest = os.path.join(scratch, "dest")
@@ -485,6 +774,8 @@ def check_archive(case, scratch: str, context) -> str:
     existing = False
     if case[0] == "bytes":
         raw, existing = case[1], case[2]
+    elif case[0] in ("headers", "sparse", "folders"):
+        raw = _built(case)
     elif case[0] == "tar":
         _, members, valid_first, how, existing = case
         raw = _compress(_build(members, valid_first, scratch), how)
@@ -497,7 +788,16 @@ def check_archive(case, scratch: str, context) -> str:
         os.mkdir(final)
         with open(os.path.join(final, "mine"), "wb") as f:
             f.write(b"keep")
-    outcome, result = harness.refused(lambda: archives.extract_batches(archive, dest), archive)
+    # Python's own allocations, to the byte: tarfile reads headers into bytes objects.
+    tracemalloc.start()
+    try:
+        outcome, result = harness.refused(lambda: archives.extract_batches(archive, dest),
+                                          archive)
+        held = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if held > _MAX_HELD:
+        raise Violation(f"extracting a {len(raw):,}-byte {archive} held {held >> 20} MiB")
     above = os.path.dirname(scratch)
     if any(n.startswith("escaped") for n in os.listdir(above)):
         raise Violation(f"extracting {archive} wrote beside {scratch}")
@@ -557,6 +857,15 @@ def _record_seeds() -> dict:
     return files
 
 
+def _length_header(length: int) -> bytes:
+    """A record's length field and its masked CRC-32C, as TensorFlow's writer makes them
+    (TensorBoard's pure-Python CRC-32C, which its own record writer uses)."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    field = struct.pack("<Q", length)
+    return field + struct.pack("<I", masked_crc32c(field))
+
+
 def _record_offsets(raw: bytes) -> list[int]:
     offsets, at = [], 0
     while at + 12 <= len(raw):
@@ -574,8 +883,20 @@ def _damaged_records(draw, raw: bytes) -> bytes:
     length = struct.unpack("<Q", raw[at:at + 8])[0]
     where = draw(st.sampled_from(("cut-header", "cut-boundary", "cut-payload", "length",
                                   "length-crc", "payload", "data-crc", "append", "empty",
-                                  "huge-length")))
+                                  "huge-length", "checked-length", "checked-length",
+                                  "checked-length")))
     data = bytearray(raw)
+    if where == "checked-length":
+        # A length whose own CRC is right, so TensorFlow's reader believes it: huge (it used
+        # to allocate it and die), one byte past the end, exactly to the end, above what a
+        # record holds (with the bytes there), or zero.
+        left = len(raw) - at - 16
+        length = draw(st.sampled_from((2**64 - 1, 2**63 - 1, 64 << 30, 2**32, left + 1, left,
+                                       metadata.MAX_RECORD_BYTES + 1, 0)))
+        tail = raw[at + 12:]
+        if length == metadata.MAX_RECORD_BYTES + 1:
+            tail = bytes(length + 4)  # the whole record is there: only its length is too much
+        return raw[:at] + _length_header(length) + tail
     if where == "cut-header":
         return raw[:at + draw(st.integers(1, 11))]
     if where == "cut-boundary":
@@ -656,9 +977,11 @@ def _tfrecord_cases() -> st.SearchStrategy:
         raw = seeds[f"{name}.tfrecords"]
         meta = seeds[metadata.METADATA_FILENAME]
         records = st.one_of(st.just(raw), harness.mutated(raw), _damaged_records(raw),
-                            st.sampled_from(("missing", "folder")))
+                            st.sampled_from(("missing", "folder") + SPECIALS))
+        # "forged": metadata that matches the records, whatever they hold (a hostile data
+        # dir brings its own).
         metas = st.one_of(st.just(meta), harness.mutated(meta), _damaged_metadata(meta),
-                          st.just("missing"))
+                          st.sampled_from(("missing", "forged", "forged") + SPECIALS))
         return st.tuples(st.just(name), records, metas)
 
     return split.flatmap(per_split)
@@ -692,9 +1015,20 @@ def check_tfrecords(case, scratch: str, context) -> str:
                 f.write(raw)
     path = schema.record_path(data_dir, split)
     meta_path = os.path.join(data_dir, metadata.METADATA_FILENAME)
+    forged = meta == "forged"
+    if forged:
+        if not isinstance(records, bytes):
+            meta = seeds[metadata.METADATA_FILENAME]
+        else:
+            body = json.loads(seeds[metadata.METADATA_FILENAME])
+            body["splits"][split] = {"records": _SIZES[split], "bytes": len(records),
+                                     "sha256": hashlib.sha256(records).hexdigest()}
+            meta = json.dumps(body).encode()
     for target, content in ((path, records), (meta_path, meta)):
         if content == "folder":
             os.mkdir(target)
+        elif content in SPECIALS:
+            special_file(target, content)
         elif content != "missing":
             with open(target, "wb") as f:
                 f.write(content)
@@ -739,6 +1073,16 @@ def check_tfrecords(case, scratch: str, context) -> str:
         if counted != _read_fully(records):
             raise Violation(f"count_records counted {counted} records in {path}")
         return ACCEPTED
+    if forged:
+        # Facts made to match: verify_split vouches only for the framing, and TensorFlow's
+        # reader (which checks the CRCs) then reads the file or refuses it, one line.
+        try:
+            counted = metadata.count_records(path)
+        except UserError as e:
+            return named(e)
+        if counted != _read_fully(records):
+            raise Violation(f"count_records counted {counted} records in {path}")
+        return ACCEPTED
     # Accepted against the facts: the file is the generator's and reads to its end.
     counted = _read_fully(records)
     if records != seeds[f"{split}.tfrecords"]:
@@ -767,6 +1111,14 @@ _PICKLE_REGRESSIONS = (
     # LONG_BINPUT 100,000,000: CPython's unpickler cleared a 1.6 GB memo table.
     ("batch", pickle.PROTO + b"\x02" + pickle.NONE + pickle.LONG_BINPUT
      + struct.pack("<I", 10**8) + pickle.STOP),
+    # An object array (numpy.dtype admitted any dtype) whose state lists 3 items for a shape
+    # of 1,000,000: numpy read past the list, SIGSEGV (a 250-byte batch).
+    ("batch", _array_pickle("O8", True, 63, (10**6,), "list-short", "reconstruct")),
+    # The same with a uint8 dtype whose BUILD state gave it an object dtype's flags: still
+    # equal to uint8, and SIGSEGV.
+    ("batch", _array_pickle("u1", True, 63, (10**6,), "list-short", "reconstruct")),
+    # A pipe in place of the batch: open() waited forever.
+    ("batch-special", "fifo"),
 )
 def _damaged_xz() -> bytes:
     """An xz tar whose stream breaks after its first member (64 KiB that do not compress)."""
@@ -788,10 +1140,31 @@ _ARCHIVE_REGRESSIONS = (
     ("bytes", _damaged_xz(), False),
     # Not an archive: tarfile's "r:*" refusal listed each method on a line of its own.
     ("bytes", b"not an archive", False),
+    # A GNU long name of 64 MiB in a 64 KiB gzip: tarfile held all of it before any filter.
+    ("headers", tarfile.GNUTYPE_LONGNAME, 64 << 20, 1),
+    # A 100-byte pax header 2,000 times in a row: tarfile nests a call per header, and
+    # RecursionError escaped.
+    ("headers", tarfile.XHDTYPE, 100, 2000),
+    # The folder's entry 200,000 times (each skipped by the filter): tarfile kept a TarInfo
+    # for each, 87 MiB from a 0.3 MB gzip.
+    ("folders", 200_000),
 )
+# TensorFlow believes a length once its CRC matches: 28 bytes declaring a 64 GiB record.
+_HOSTILE_RECORD = _length_header(64 << 30) + b"\0" * 16
 _TFRECORD_REGRESSIONS = (
     # Metadata nested 100,000 deep: RecursionError from json.loads escaped.
     ("train", "seed", b"[" * 100_000 + b"]" * 100_000),
+    # That record without metadata: count_records died in TensorFlow's reader (SIGSEGV).
+    ("train", _HOSTILE_RECORD, "missing"),
+    # ... and with metadata forged to match it: verify_split vouched for it.
+    ("train", _HOSTILE_RECORD, "forged"),
+)
+_BATCHES_REGRESSIONS = (
+    # A pipe in place of a batch, or of the sample-data marker: open() waited forever.
+    (("data_batch_1", "fifo"),),
+    ((sample_data.MARKER_NAME, "fifo"),),
+    # A pipe in place of the archive: taken for no archive, and replaced by a download.
+    (("<archive>", "fifo"),),
 )
 
 
@@ -801,21 +1174,38 @@ KINDS = [
         "valid Python 2/3 batches (protocols 0-5) mutated; wrong types, shapes and label "
         "counts; nested and self-referencing structures 20,000 deep; memo bombs; pickles "
         "calling os.system, eval, subprocess, open (GLOBAL, STACK_GLOBAL, INST, OBJ, NEWOBJ, "
-        "BUILD, EXT) and admitted numpy names misused",
+        "BUILD, EXT) and admitted numpy names misused; arrays of every dtype (objects, "
+        "records, strings, dates, complex; dtypes whose BUILD state claims objects) with "
+        "states holding fewer items than their shapes, through _reconstruct and _frombuffer; "
+        "a pipe, socket, /dev/zero or /dev/null in the file's place",
         st.deferred(_pickle_cases), check_pickle, time_limit=10.0,
         regressions=_PICKLE_REGRESSIONS),
+    harness.Kind(
+        "cifar-batches", "data.sources.load_source (a batch folder)",
+        "the extracted folder with up to 3 of its batches, batches.meta or sample_data.json "
+        "replaced by a pipe, a socket, /dev/zero, /dev/null, a folder, a dangling link, "
+        "nothing or an empty file; the folder itself, or the archive in its absence, "
+        "replaced by a pipe, socket or device",
+        st.deferred(_batches_folder_cases), check_batches_folder, time_limit=10.0,
+        regressions=_BATCHES_REGRESSIONS),
     harness.Kind(
         "cifar-archive", "data.archives.extract_batches",
         "the real layout (gz, bz2, xz, plain) mutated; members with ../, absolute and "
         "over-long names, NUL, newline, non-UTF-8, symlinks, hardlinks, devices, fifos, "
-        "duplicates, huge declared sizes, hostile pax fields (mtime NaN); gzip bombs to 8 MiB",
+        "duplicates, huge declared sizes, hostile pax fields (mtime NaN); gzip bombs to 8 MiB; "
+        "GNU long names and links, pax extended, global and Solaris headers from 100 bytes "
+        "to 64 MiB, alone and 2,000 in a row; GNU sparse members (old and pax 1.0); the "
+        "folder's entry 200,000 times; memory held measured with tracemalloc",
         st.deferred(_archive_cases), check_archive, time_limit=10.0,
         regressions=_ARCHIVE_REGRESSIONS),
     harness.Kind(
         "tfrecords", "data.metadata.verify_split, dataset_info, count_records",
         "tiny record files cut inside headers, at boundaries and in payloads, flipped "
-        "lengths/CRCs/payload, garbage appended; metadata JSON with dropped or mistyped keys, "
-        "huge numbers, NaN, deep nesting, other encodings, or not JSON",
+        "lengths/CRCs/payload, garbage appended; lengths rewritten with a valid CRC (2^64-1, "
+        "64 GiB, 2^32, one byte past the end, exactly to the end, over 1 MiB, 0); a pipe, "
+        "socket, /dev/zero or /dev/null as the record or metadata file; metadata JSON with "
+        "dropped or mistyped keys, huge numbers, NaN, deep nesting, other encodings, not "
+        "JSON, or forged to match the records",
         st.deferred(_tfrecord_cases), check_tfrecords, time_limit=10.0,
         # TensorFlow's import and the seed files, once and outside the cases' time limit.
         start=lambda folder: _record_seeds(),

@@ -6,7 +6,9 @@ The seeds are tiny pictures in every format a user may have (PNG in four modes, 
 still and animated, BMP, and WebP, which Pillow reads but TensorFlow does not), made once
 with Pillow; cases damage them (``harness.mutated``), rewrite their headers to promise other
 sizes (zero, one, a decompression bomb), give them the wrong extension, or replace them by
-empty files, text and noise. A folder case lays such files out in a tree with odd class
+empty files, text and noise, or put a pipe, a socket or a link to /dev/zero or /dev/null in
+a picture's place (``data_files.special_file``), which must be refused or left out at once,
+never waited on. A folder case lays such files out in a tree with odd class
 names, links of every sort and missing or misplaced folders, and checks the outcome against
 an oracle that reads each file alone: the folder is refused in one line naming it exactly
 when its layout is wrong or a split has no readable picture, and otherwise every readable
@@ -26,6 +28,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from fuzz import harness
+from fuzz.data_files import SPECIALS, special_file
 from fuzz.harness import ACCEPTED, REFUSED, SKIPPED, Violation
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")  # what the generator takes as pictures
@@ -158,6 +161,11 @@ PICTURE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".PNG", ".JpG", "
 
 @st.composite
 def picture_cases(draw):
+    """(how it was made, extension, the bytes, or one of ``SPECIALS`` to stand in the
+    file's place)."""
+    if draw(st.integers(0, 9)) == 0:
+        what = draw(st.sampled_from(SPECIALS))
+        return what, draw(st.sampled_from(PICTURE_EXTENSIONS)), what
     how, data = draw(picture_bytes())
     return how, draw(st.sampled_from(PICTURE_EXTENSIONS)), data
 
@@ -199,8 +207,11 @@ def check_picture(case, scratch: str, context) -> str:
 
     _, extension, data = case
     path = os.path.join(scratch, "picture" + extension)
-    with open(path, "wb") as f:
-        f.write(data)
+    if isinstance(data, str):
+        special_file(path, data)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
     generated = _oracle_pixels(path)
     outcome, served = harness.refused(lambda: client.load_image(path), path)
     if outcome == REFUSED:
@@ -225,12 +236,15 @@ CLASS_NAMES = ("cat", "dog", "bird", "with space", "Ünïcødé", "猫", "a" * 2
                "-dash", "日本 語")
 FILE_STEMS = ("a", "b c", "ü", "long" * 50, ".dot", "new\nline", "bad\udcff", "#")
 CONTENTS = ("good",) * 6 + ("picture", "picture", "empty", "webp-as-png", "bomb", "non-image",
-            "link-file", "link-dir", "dangling", "loop", "folder-named-png")
+            "link-file", "link-dir", "dangling", "loop", "folder-named-png") + SPECIALS
 STRUCTURES = ("no-train", "no-test", "train-is-file", "test-is-file", "root-is-file",
               "class-link-outside", "class-link-dangling", "class-link-loop",
               "file-at-class-level", "unknown-test-class", "empty-class", "validation",
-              "hidden-class", "one-class")
-OUTPUTS = ("fresh", "fresh", "old-run", "is-file", "record-is-folder")
+              "hidden-class", "one-class", "fifo-at-class-level", "test-is-fifo")
+# The output folder: fresh, an earlier run's, a file, a folder or a pipe where a record file
+# goes, a pipe where a split this tree may not have left one (stale-fifo).
+OUTPUTS = ("fresh", "fresh", "old-run", "is-file", "record-is-folder", "record-is-fifo",
+           "stale-fifo")
 
 
 @st.composite
@@ -306,6 +320,8 @@ def _write_tree(case, scratch: str) -> str:
                     os.makedirs(path)
                     with open(os.path.join(path, "inner.png"), "wb") as f:
                         f.write(good["png"])
+                elif content in SPECIALS:  # a picture's name on no file: left out, counted
+                    special_file(path, content)
     train, test = os.path.join(root, "train"), os.path.join(root, "test")
     if "class-link-outside" in structures:
         os.symlink(outside, os.path.join(train, "linked"))
@@ -316,6 +332,8 @@ def _write_tree(case, scratch: str) -> str:
     if "file-at-class-level" in structures:
         with open(os.path.join(train, "readme.png"), "wb") as f:
             f.write(good["png"])
+    if "fifo-at-class-level" in structures:
+        special_file(os.path.join(train, "pipe"), "fifo")
     if "unknown-test-class" in structures:
         os.makedirs(os.path.join(test, "zebra"))
         with open(os.path.join(test, "zebra", "z.png"), "wb") as f:
@@ -338,6 +356,9 @@ def _write_tree(case, scratch: str) -> str:
                 os.rename(path, path + ".was")
             with open(path, "w") as f:
                 f.write("a file where a folder should be\n")
+    if "test-is-fifo" in structures:
+        os.rename(test, test + ".was")
+        special_file(test, "fifo")
     if "root-is-file" in structures:
         os.rename(root, root + ".was")
         with open(root, "w") as f:
@@ -507,6 +528,11 @@ def check_folder(case, scratch: str, context) -> str:
     elif case["output"] == "record-is-folder":
         os.makedirs(os.path.join(out, "train.tfrecords"))
         old = _snapshot(out)
+    elif case["output"] in ("record-is-fifo", "stale-fifo"):
+        os.makedirs(out)
+        special_file(os.path.join(out, "train.tfrecords" if case["output"] == "record-is-fifo"
+                                  else "validation.tfrecords"), "fifo")
+        old = _snapshot(out)
     lines = []
     outcome, source = harness.refused(lambda: image_folder.load_image_folder(root, lines.append),
                                       root)
@@ -577,6 +603,7 @@ _GOOD = {"content": "good", "stem": "a", "extension": ".png", "format": "png"}
 _LOOP = {"content": "loop", "stem": "b", "extension": ".png"}
 _BROKEN = {"content": "picture", "stem": "b", "extension": ".png", "how": "cut",
            "data": b"\x89PNG\r\n\x1a\nbroken"}
+_FIFO = {"content": "fifo", "stem": "x", "extension": ".png"}
 
 # Failures found and fixed (data.image_folder), smallest first.
 FOLDER_REGRESSIONS = (
@@ -594,6 +621,16 @@ FOLDER_REGRESSIONS = (
     _tree([_GOOD, _BROKEN], [_GOOD], output="old-run"),
     # A split with nothing readable is still refused, and the earlier run left as it was.
     _tree([_GOOD], [_BROKEN], output="old-run"),
+    # A pipe named x.png: Pillow's open() of it waited forever; now left out and counted.
+    _tree([_GOOD, _FIFO], [_GOOD]),
+    # A pipe named validation.tfrecords in the output, and no validation/: it stayed beside
+    # metadata without that split (the writer removed only regular files).
+    _tree([_GOOD], [_GOOD], output="stale-fifo"),
+)
+# Failures found and fixed (data.images.check_file).
+PICTURE_REGRESSIONS = (
+    # A pipe named picture.png read alone: Pillow's open() of it waited forever.
+    ("fifo", ".png", "fifo"),
 )
 
 
@@ -621,20 +658,24 @@ KINDS = [
         tried="PNG (RGB, grey, RGBA, palette), JPEG, GIF (still, animated), BMP and WebP "
               "seeds, mutated; headers rewritten to promise 0 to 2^32-1 pixels a side "
               "(decompression bombs); another format's body under a header; wrong or no "
-              "extension; empty files, text, noise",
+              "extension; empty files, text, noise; a pipe, a socket, /dev/zero or /dev/null "
+              "in the picture's place",
         strategy=picture_cases(),
         check=check_picture,
         start=warm_up,
+        regressions=PICTURE_REGRESSIONS,
     ),
     harness.Kind(
         name="picture-folder",
         reader="data.image_folder.load_image_folder + data.writer.write_tfrecords",
         tried="trees of 1-3 classes x 1-4 files per split: good, mutated, empty, WebP named "
-              ".png, bomb and non-image files; links to a file outside, to a folder, dangling, "
+              ".png, bomb and non-image files, pipes, sockets and links to /dev/zero or "
+              "/dev/null named as pictures; links to a file outside, to a folder, dangling, "
               "to themselves; class folders with unicode, spaces, leading dots, 200 "
               "characters, line breaks, bytes that are not text; missing train/ or test/, "
-              "files for folders, an unknown test class, an empty class; output folder "
-              "fresh, holding an earlier run, a file, or with a folder for a record file",
+              "files or a pipe for folders, an unknown test class, an empty class; output "
+              "folder fresh, holding an earlier run, a file, or with a folder or a pipe for a "
+              "record file",
         strategy=folder_cases(),
         check=check_folder,
         start=warm_up,
