@@ -2,7 +2,8 @@
 
 Evaluates a SavedModel export, or a job dir's latest (or named) checkpoint, once on a split of a
 records folder; prints the accuracy, the per-class table and the most confused pairs, and writes
-the report JSON (``evaluation.offline`` and ``evaluation.report`` do the work).
+the report JSON (``evaluation.offline`` and ``evaluation.report`` do the work). An export is
+checked before it is loaded (``serving.trust``), unless ``--trust-export``.
 """
 
 import os
@@ -14,6 +15,7 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process
+from cifar10_estimator.serving.trust import TRUST_FLAG, TRUST_HELP
 
 MODULE = "cifar10_estimator.evaluate"
 
@@ -45,6 +47,7 @@ def _parser() -> cli.Parser:
                         help="where the report JSON goes (default: JOB_DIR/eval_report_<split>_"
                              "step<N>.json for a job dir, EXPORT_FOLDER/eval_report_<split>_"
                              "<version>.json for an export)")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     return parser
 
 
@@ -74,7 +77,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                                                 cpu.onednn_enabled(), cache)
         return precision.DTYPES[choice.precision]
 
-    model = offline.load(args.model, args.checkpoint, info.class_names, compute_dtype)
+    model = offline.load(args.model, args.checkpoint, info.class_names, compute_dtype,
+                         trusted=args.trust_export)
     metrics = offline.evaluate(model, args.data_dir, args.split, args.batch_size)
     content = report.build(metrics, model.class_names, info.dataset)
     content.update(split=args.split, evaluated=model.what, examples=metrics["examples"])

@@ -1,7 +1,8 @@
 """The predict command: ``python -m cifar10_estimator.predict`` (``cifar10-predict``).
 
 Prints the top classes of image files with an exported SavedModel, one line per image, with the
-class names of the dataset it was trained on (``serving.client`` does the work).
+class names of the dataset it was trained on (``serving.client`` does the work). The SavedModel
+is checked before it is loaded (``serving.trust``), unless ``--trust-export``.
 """
 
 import json
@@ -12,6 +13,7 @@ from typing import Optional, Sequence
 from cifar10_estimator import cli, logs
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.platform.process import prepare_process
+from cifar10_estimator.serving.trust import TRUST_FLAG, TRUST_HELP
 
 MODULE = "cifar10_estimator.predict"
 
@@ -31,6 +33,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object per image: its file and its top classes "
                              "with names and probabilities")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     parser.add_argument("images", nargs="+", help="PNG/JPEG/GIF/BMP files of any size")
     args = parser.parse_args(argv)
     if args.top < 1:
@@ -40,7 +43,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     from cifar10_estimator.serving import client
 
     folder = client.newest_export(args.saved_model)
-    for path, ranked in zip(args.images, client.classify(folder, args.images, args.top)):
+    for path, ranked in zip(args.images, client.classify(folder, args.images, args.top,
+                                                            trusted=args.trust_export)):
         if args.json:
             print(json.dumps({"file": path, "saved_model": folder,
                               "top": [{"class_name": name, "probability": round(p, 6)}

@@ -62,7 +62,8 @@ def default_report_path(model: Evaluated, split: str) -> str:
 
 def load(path: str, checkpoint: Optional[str] = None,
          class_names: Optional[tuple[str, ...]] = None,
-         compute_dtype: Optional[Callable[[ModelSettings, str], str]] = None) -> Evaluated:
+         compute_dtype: Optional[Callable[[ModelSettings, str], str]] = None,
+         trusted: bool = False) -> Evaluated:
     """The model at ``path``: an export, an export folder or a job dir.
 
     Args:
@@ -73,9 +74,12 @@ def load(path: str, checkpoint: Optional[str] = None,
         dtype its network computes in, given the settings and the precision the job trained in
         ('fp32' or 'bf16'), as the job's export would (``precision_probe.serving_choice``);
         default float32. An export computes in its own.
+      trusted: load an export without checking that it holds only what this package's exports
+        hold (``client.load_model``); a job dir's checkpoint is no program, and is read as such.
 
     Raises:
-      UserError: ``path`` is none of those, or the checkpoint does not exist.
+      UserError: ``path`` is none of those, the checkpoint does not exist, or (unless
+        ``trusted``) the export holds more than this package's exports (``serving.trust``).
     """
     try:
         folder = storage.isdir(path)
@@ -87,7 +91,7 @@ def load(path: str, checkpoint: Optional[str] = None,
     if version:
         if checkpoint is not None:
             raise UserError(f"--checkpoint applies to a job dir, and {path} is an export")
-        return _load_export(version)
+        return _load_export(version, trusted)
     if tf.train.latest_checkpoint(path) or checkpoint is not None:
         return _load_checkpoint(path, _checkpoint_path(path, checkpoint), class_names,
                                 compute_dtype)
@@ -104,8 +108,8 @@ def _export_version(path: str) -> Optional[str]:
         return None
 
 
-def _load_export(folder: str) -> Evaluated:
-    _, signature = client.load_model(folder)
+def _load_export(folder: str, trusted: bool) -> Evaluated:
+    _, signature = client.load_model(folder, trusted)
     num_classes = int(signature.structured_outputs["probabilities"].shape[-1])
     return Evaluated(f"SavedModel {folder}{_computes_in(_export_dtype(folder))}",
                      lambda images: signature(images=images)["probabilities"],

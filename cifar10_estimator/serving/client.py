@@ -18,8 +18,7 @@ from cifar10_estimator.data import images, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving.export import CLASS_NAMES_FILE
 from cifar10_estimator.serving.signatures import IMAGES_SIGNATURE
-
-SAVED_MODEL_FILE = tf.saved_model.SAVED_MODEL_FILENAME_PB
+from cifar10_estimator.serving.trust import SAVED_MODEL_FILE, check_export
 
 
 def load_image(path: str) -> tf.Tensor:
@@ -59,8 +58,13 @@ def newest_export(folder: str) -> str:
     return storage.join(folder, max(versions, key=int))
 
 
-def load_model(saved_model_dir: str):
-    """Loads the SavedModel and its serving_default signature; UserError if it is not one."""
+def load_model(saved_model_dir: str, trusted: bool = False):
+    """Loads the SavedModel and its serving_default signature; UserError if it is not one.
+
+    Unless ``trusted``, the SavedModel is first checked to hold only what this package's
+    exports hold (``trust.check_export``): loading one runs its init ops, and calling a
+    signature runs whatever ops it holds.
+    """
     try:
         found = storage.isfile(storage.join(saved_model_dir, SAVED_MODEL_FILE))
     except OSError as e:
@@ -68,6 +72,8 @@ def load_model(saved_model_dir: str):
     if not found:
         raise UserError(f"{saved_model_dir} is not a SavedModel folder (no {SAVED_MODEL_FILE}); "
                         f"pass a numbered folder under the trainer's --export-dir")
+    if not trusted:
+        check_export(saved_model_dir)
     try:
         model = tf.saved_model.load(saved_model_dir)
         signature = model.signatures[IMAGES_SIGNATURE]
@@ -96,11 +102,12 @@ def class_names(saved_model_dir: str, num_classes: int) -> tuple[str, ...]:
     return schema.placeholder_class_names(num_classes)
 
 
-def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3
-             ) -> list[list[tuple[str, float]]]:
-    """Top ``top`` (class name, probability) pairs for each image, best first."""
+def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3,
+             trusted: bool = False) -> list[list[tuple[str, float]]]:
+    """Top ``top`` (class name, probability) pairs for each image, best first (``trusted``:
+    see ``load_model``)."""
     pictures = tf.stack([load_image(p) for p in image_paths])
-    _, signature = load_model(saved_model_dir)
+    _, signature = load_model(saved_model_dir, trusted)
     probabilities = signature(images=pictures)["probabilities"].numpy()
     names = class_names(saved_model_dir, probabilities.shape[1])
     results = []

@@ -1,4 +1,4 @@
-"""Fuzzing what an export serves and what the package reads of an export: two kinds.
+"""Fuzzing what an export serves and what the package reads of an export: three kinds.
 
 ``serving-request``: damaged and hostile requests to the four signatures of a tiny export,
 answered by ONE long-lived child process that loads the SavedModel with ``tf.saved_model.load``,
@@ -20,11 +20,23 @@ bad base64 and damaged JSON.
 missing, or beside numbered folders of odd names. Reading ``saved_model.pb`` means loading the
 SavedModel (about 1 s), so only the cases that damage it load it.
 
-Both kinds share one tiny export per run (``_tiny_export``), trained 3 steps as
+``hostile-export``: well-formed SavedModels that act outside the model (issue 41), each of
+which the package loaded before ``serving.trust``: built with TensorFlow (a serving_default
+that writes, reads or lists files, saves or restores checkpoints, or calls Python; a WriteFile
+hidden three functions deep; a TF1 main_op and a TF2 resource initializer that write a file
+while the SavedModel loads), or our own export with its proto edited (an op replaced, called
+through a function attribute, hidden in a function nothing calls or only a gradient or a
+While's body does, or in a second function of an existing name; the saver's functions called
+by a signature or named by the object graph; other init ops, collections, assets and objects;
+a saved_model.pb past the size bound). ``client.load_model`` must refuse each in one
+line naming the op or what it found, and nothing may be written in the canaries' folder.
+
+The kinds share one tiny export per run (``_tiny_export``), trained 3 steps as
 ``trainer_fixtures.tiny_export`` makes one.
 """
 
 import base64
+import dataclasses
 import functools
 import io
 import json
@@ -658,6 +670,347 @@ def _check_export(case: dict, scratch: str, export: str) -> str:
     return harness.ACCEPTED
 
 
+# ---------------------------------------------------------------------------------------------
+# hostile-export: well-formed SavedModels that act outside the model (issue 41). Each one the
+# package loaded before serving.trust; each must be refused before anything of it runs.
+
+# Ops that act outside the model: files (written, read, listed; checkpoints saved and restored
+# anywhere), Python, a print to a file (PrintV2's output_stream "file://..."), a file mapped
+# into memory (ImmutableConst).
+HOSTILE_OPS = ("WriteFile", "ReadFile", "MatchingFiles", "Save", "SaveV2", "SaveSlices",
+               "Restore", "RestoreV2", "RestoreSlice", "MergeV2Checkpoints", "PyFunc",
+               "EagerPyFunc", "PyFuncStateless", "PrintV2", "ImmutableConst")
+CANARIES = "canaries"  # the folder a hostile export's writes go to, which must stay empty
+
+
+def _images_spec():
+    import tensorflow as tf
+
+    return tf.TensorSpec([None, 32, 32, 3], tf.float32, name="images")
+
+
+def _probabilities(images):
+    """What our serving_default returns, computed with ops our exports use too (Mean, Tile,
+    Softmax, StridedSlice), so the one foreign op of a hostile build is its hostile one."""
+    import tensorflow as tf
+
+    return tf.nn.softmax(tf.tile(tf.reduce_mean(images, axis=[1, 2, 3])[:, None], [1, 10]))
+
+
+def _save_tf2(folder: str, act, module=None) -> str:
+    """A TF2 SavedModel whose ``serving_default`` (``images`` -> ``probabilities``, as ours)
+    also runs ``act()`` on every call."""
+    import tensorflow as tf
+
+    module = module or tf.Module()
+
+    @tf.function(input_signature=[_images_spec()])
+    def serve(images):
+        with tf.control_dependencies(tf.nest.flatten(act())):
+            return {"probabilities": tf.identity(_probabilities(images))}
+
+    module.serve = serve
+    tf.saved_model.save(module, folder, signatures={"serving_default": serve})
+    return folder
+
+
+def _nested_write(canary: str):
+    """A WriteFile three functions deep: a tf.function called in a while_loop's body in a
+    cond's branch (the If's branch, the While's body, the inner function are each a function
+    of the library; ``saved_model_cli scan`` follows none of the first two)."""
+    import tensorflow as tf
+
+    @tf.function
+    def inner(i):
+        with tf.control_dependencies([tf.io.write_file(canary, "nested")]):
+            return i + 1
+
+    def act():
+        def loop():
+            return tf.while_loop(lambda i: i < 1, inner, [tf.constant(0)])[0]
+        return tf.cond(tf.random.uniform([]) >= 0, loop, lambda: tf.constant(0))
+    return act
+
+
+def _resource_module(canary: str):
+    """A module holding a resource whose initializer writes ``canary``:
+    ``tf.saved_model.load`` runs it while it loads (TF 2.15's load.py, for every restored
+    CapturableResource)."""
+    import tensorflow as tf
+
+    class WritingResource(tf.saved_model.experimental.TrackableResource):
+        def _create_resource(self):
+            return tf.raw_ops.HashTableV2(key_dtype=tf.string, value_dtype=tf.int64)
+
+        def _initialize(self):
+            return tf.io.write_file(canary, "initialized")
+
+    module = tf.Module()
+    module.resource = WritingResource()
+    return module
+
+
+def _save_tf1_main_op(folder: str, canary: str) -> str:
+    """A TF1 SavedModel (``tf.compat.v1.saved_model.Builder``) whose main_op writes ``canary``:
+    ``tf.saved_model.load`` and TF Serving run it while they load."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        images = tf.compat.v1.placeholder(tf.float32, [None, 32, 32, 3], name="images")
+        signature = tf.compat.v1.saved_model.predict_signature_def(
+            {"images": images}, {"probabilities": _probabilities(images)})
+        main_op = tf.io.write_file(canary, "main_op")
+        with tf.compat.v1.Session() as session:
+            builder = tf.compat.v1.saved_model.Builder(folder)
+            builder.add_meta_graph_and_variables(
+                session, [tf.saved_model.SERVING], main_op=main_op,
+                signature_def_map={"serving_default": signature})
+            builder.save()
+    return folder
+
+
+def benign_foreign_export(folder: str) -> str:
+    """A harmless SavedModel not of this package: ``serving_default`` as ours, over a variable
+    (ops and objects our frozen exports lack). Refused unless trusted."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.weights = tf.Variable(tf.ones([3, 10]))
+
+    @tf.function(input_signature=[_images_spec()])
+    def serve(images):
+        return {"probabilities": tf.nn.softmax(tf.reduce_mean(images, [1, 2]) @ module.weights)}
+
+    module.serve = serve
+    tf.saved_model.save(module, folder, signatures={"serving_default": serve})
+    return folder
+
+
+def hostile_exports(root: str, canaries: str) -> dict[str, str]:
+    """Builds the hostile SavedModels, each in ``root/<name>``; whatever they write goes to
+    the folder ``canaries``. Returns name -> folder. The name says what each runs and when:
+    ``WriteFile``, ..., when ``serving_default`` is called; ``tf1-main-op`` and
+    ``resource-init`` while the SavedModel loads."""
+    import tensorflow as tf
+
+    def at(name: str) -> str:
+        return os.path.join(canaries, name)
+
+    one = tf.constant  # a scalar for the checkpoint ops' tensors
+    builds = {
+        "WriteFile": lambda f: _save_tf2(f, lambda: tf.io.write_file(at("write"), "x")),
+        "ReadFile": lambda f: _save_tf2(f, lambda: tf.io.read_file(os.devnull)),
+        "MatchingFiles": lambda f: _save_tf2(f, lambda: tf.io.matching_files(at("*"))),
+        "SaveV2": lambda f: _save_tf2(f, lambda: tf.raw_ops.SaveV2(
+            prefix=at("savev2"), tensor_names=["x"], shape_and_slices=[""],
+            tensors=[one(1.0)])),
+        "Save": lambda f: _save_tf2(f, lambda: tf.raw_ops.Save(
+            filename=at("save"), tensor_names=["x"], data=[one(1.0)])),
+        "RestoreV2": lambda f: _save_tf2(f, lambda: tf.raw_ops.RestoreV2(
+            prefix=at("savev2"), tensor_names=["x"], shape_and_slices=[""],
+            dtypes=[tf.float32])),
+        "Restore": lambda f: _save_tf2(f, lambda: tf.raw_ops.Restore(
+            file_pattern=at("save"), tensor_name="x", dt=tf.float32)),
+        # The Python runs only in the process that saved it: a SavedModel names it by a token
+        # of the loading process's own registry (pyfunc_0, ...).
+        "EagerPyFunc": lambda f: _save_tf2(f, lambda: tf.py_function(
+            lambda: open(at("py_function"), "w").close() or 0.0, [], tf.float32)),
+        "PyFunc": lambda f: _save_tf2(f, lambda: tf.numpy_function(
+            lambda: open(at("numpy_function"), "w").close() or np.float32(0), [], tf.float32)),
+        "nested-WriteFile": lambda f: _save_tf2(f, _nested_write(at("nested"))),
+        "resource-init": lambda f: _save_tf2(f, lambda: [], _resource_module(at("resource"))),
+        "tf1-main-op": lambda f: _save_tf1_main_op(f, at("main_op")),
+    }
+    os.makedirs(canaries, exist_ok=True)
+    return {name: build(os.path.join(root, name)) for name, build in builds.items()}
+
+
+# What each build is refused for: the op it runs.
+HOSTILE_BUILD_OPS = {"nested-WriteFile": "WriteFile", "resource-init": "HashTableV2",
+                     "tf1-main-op": "WriteFile"}
+
+
+# The names tf.saved_model.save gives the saver's save and restore functions.
+_SAVER_FUNCTIONS = ("__inference__traced_save", "__inference__traced_restore")
+
+
+def _parse(folder: str):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(folder, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    return proto
+
+
+def _function(graph, prefix: str):
+    return next(f for f in graph.library.function if f.signature.name.startswith(prefix))
+
+
+def edit_export(folder: str, edit: dict) -> str:
+    """Edits the SavedModel proto of one of our exports in ``folder`` in place, as ``edit``
+    says (``_edit_case``); returns the op (or the fact) its refusal must name."""
+    if edit["edit"] == "huge":  # a sparse file: no disk, and never read
+        path = os.path.join(folder, "saved_model.pb")
+        from cifar10_estimator.serving import trust
+
+        os.truncate(path, trust.MAX_SAVED_MODEL_BYTES + edit.get("extra", 1))
+        return f"{trust.MAX_SAVED_MODEL_BYTES + edit.get('extra', 1):,} bytes"
+    proto = _parse(folder)
+    meta = proto.meta_graphs[0]
+    graph = meta.graph_def
+    op = edit.get("op", "WriteFile")
+    named = op
+    how = edit["edit"]
+    if how == "op":  # one node of one function (or of the graph) becomes the op
+        functions = sorted(graph.library.function, key=lambda f: f.signature.name)
+        function = None if edit["function"] < 0 else functions[
+            edit["function"] % len(functions)]
+        if function is not None and function.signature.name.startswith(_SAVER_FUNCTIONS):
+            # The saver's own functions hold its checkpoint ops already: another one there is
+            # what our exports hold, so the op there is WriteFile.
+            op = named = "WriteFile"
+        nodes = list(graph.node) if function is None else list(function.node_def)
+        nodes[edit["node"] % len(nodes)].op = op
+    elif how == "attr":  # a call names an op instead of a function: TensorFlow runs the op
+        node = next(n for n in graph.node if n.op == "PartitionedCall")
+        node.attr["f"].func.name = op
+    elif how in ("uncalled", "gradient"):  # a function nothing calls, or only as a gradient
+        function = graph.library.function.add()
+        function.signature.name = f"hidden_{how}"
+        node = function.node_def.add()
+        node.name, node.op = "hidden", op
+        if how == "gradient":
+            gradient = graph.library.gradient.add()
+            gradient.function_name = _function(graph, "__inference_network").signature.name
+            gradient.gradient_func = function.signature.name
+    elif how == "nested":  # the op in a new function that a While's body calls
+        body = _function(graph, "map_while_body")
+        function = graph.library.function.add()
+        function.signature.name = "hidden_nested"
+        inner = function.node_def.add()
+        inner.name, inner.op = "hidden", op
+        call = body.node_def.add()
+        call.name, call.op = "hidden_call", "PartitionedCall"
+        call.attr["f"].func.name = function.signature.name
+    elif how == "duplicate":  # a second function of the network's name, holding the op
+        function = graph.library.function.add()
+        function.CopyFrom(_function(graph, "__inference_network"))
+        function.node_def[0].op = op
+    elif how == "object-saver":  # an object of the object graph names the saver's restore
+        obj = meta.object_graph_def.nodes.add()
+        obj.bare_concrete_function.concrete_function_name = _function(
+            graph, "__inference__traced_restore").signature.name
+        named = "outside the checkpoint saver's own functions"
+    elif how == "saver-call":  # a signature calls the saver's save function
+        save = _function(graph, "__inference__traced_save").signature.name
+        wrapper = _function(graph, "__inference_signature_wrapper_by_images")
+        next(n for n in wrapper.node_def if n.op == "PartitionedCall").attr["f"].func.name = save
+        named = "outside the checkpoint saver's own functions"
+    elif how == "init-op":  # the init NoOp becomes the op, or waits for another node
+        node = next(n for n in graph.node if n.name == "NoOp")
+        if edit.get("inputs"):
+            node.input.append("^StatefulPartitionedCall_1")  # the saver's save
+            named = "StatefulPartitionedCall_1"
+        else:
+            node.op = op
+    elif how == "main-op":  # the main_op collection names the saver's save call
+        meta.collection_def["saved_model_main_op"].node_list.value[:] = [
+            "StatefulPartitionedCall_1"]
+        named = "StatefulPartitionedCall"
+    elif how == "legacy-init-op":
+        meta.collection_def["legacy_init_op"].node_list.value.append("NoOp")
+        named = "legacy init op"
+    elif how == "asset":
+        asset = meta.asset_file_def.add()
+        asset.filename = "../../../etc/passwd"
+        asset.tensor_info.name = "Const:0"
+        named = "../../../etc/passwd"
+    elif how == "object":  # an object of a kind our exports lack, or registered Python
+        kind = edit["kind"]
+        obj = meta.object_graph_def.nodes.add()
+        if kind == "registered":
+            obj.user_object.identifier = "_generic_user_object"
+            obj.registered_name = "hostile.Loader"
+            named = "hostile.Loader"
+        else:
+            getattr(obj, kind).SetInParent()
+            named = kind
+    else:
+        raise ValueError(f"no edit {how!r}")
+    with open(os.path.join(folder, "saved_model.pb"), "wb") as f:
+        f.write(proto.SerializeToString())
+    return named
+
+
+HOSTILE_BUILDS = ("WriteFile", "ReadFile", "MatchingFiles", "SaveV2", "Save", "RestoreV2",
+                "Restore", "EagerPyFunc", "PyFunc", "nested-WriteFile", "resource-init",
+                "tf1-main-op")
+
+
+_EDITS = ("op", "attr", "uncalled", "gradient", "nested", "duplicate", "saver-call",
+          "object-saver", "init-op", "main-op", "legacy-init-op", "asset", "object", "huge")
+
+
+@st.composite
+def _hostile_case(draw) -> dict:
+    if draw(st.booleans()):
+        return {"build": draw(st.sampled_from(sorted(HOSTILE_BUILDS)))}
+    how = draw(st.sampled_from(_EDITS))
+    case = {"edit": how, "op": draw(st.sampled_from(HOSTILE_OPS))}
+    if how == "op":
+        case.update(function=draw(st.integers(-1, 10_000)), node=draw(st.integers(0, 10_000)))
+    elif how == "init-op":
+        case["inputs"] = draw(st.booleans())
+    elif how == "object":
+        case["kind"] = draw(st.sampled_from(("resource", "asset", "variable", "constant",
+                                             "captured_tensor", "registered")))
+    elif how == "huge":
+        case["extra"] = draw(st.integers(1, 1 << 30))
+    return case
+
+
+@dataclasses.dataclass
+class _Hostile:
+    """A run's seeds: our tiny export and the hostile builds, and the canaries' folder."""
+
+    export: str
+    builds: dict
+    canaries: str
+
+
+def _start_hostile(folder: str) -> _Hostile:
+    from cifar10_estimator.serving import client  # noqa: F401  (imports TensorFlow once)
+
+    canaries = os.path.join(folder, CANARIES)
+    builds = hostile_exports(os.path.join(folder, "hostile"), canaries)
+    assert sorted(builds) == sorted(HOSTILE_BUILDS)
+    return _Hostile(_tiny_export(folder), builds, canaries)
+
+
+def _check_hostile(case: dict, scratch: str, seeds: _Hostile) -> str:
+    from cifar10_estimator.serving import client
+
+    folder = os.path.join(scratch, "1700000000")
+    if "build" in case:
+        shutil.copytree(seeds.builds[case["build"]], folder)
+        named = HOSTILE_BUILD_OPS.get(case["build"], case["build"])
+    else:
+        shutil.copytree(seeds.export, folder)
+        named = edit_export(folder, case)
+    try:
+        outcome, _ = harness.refused(lambda: client.load_model(folder), folder, named)
+    finally:
+        written = os.listdir(seeds.canaries)
+        for name in written:  # the next case starts clean
+            os.remove(os.path.join(seeds.canaries, name))
+    if written:
+        raise harness.Violation(f"the hostile export wrote {written}")
+    if outcome != harness.REFUSED:
+        raise harness.Violation("a hostile export was loaded")
+    return outcome
+
+
 KINDS = [
     harness.Kind(
         name="serving-request",
@@ -710,5 +1063,45 @@ KINDS = [
             # Found by the campaign: an op name the graph holds that TensorFlow lacks made
             # tf.saved_model.load raise RuntimeError.
             {"target": "saved_model.pb", "how": "replace", "old": b"AddV2", "new": b"AddV9"},
+        )),
+    harness.Kind(
+        name="hostile-export",
+        reader="serving.client.load_model (serving.trust.check_export first)",
+        tried="well-formed SavedModels built with TensorFlow whose serving_default writes, "
+              "reads or lists files (WriteFile, ReadFile, MatchingFiles), saves or restores "
+              "checkpoints (Save, SaveV2, Restore, RestoreV2) or calls Python (PyFunc, "
+              "EagerPyFunc), a WriteFile three functions deep (If, While, tf.function), a TF1 "
+              "main_op and a TF2 resource initializer that write a file while loading; our "
+              "export with a node made one of 15 file, Python or print ops, or that op named "
+              "by a call's function attribute, put in a new function nothing calls, or only a "
+              "gradient or a While's body calls, or in a second function of the network's "
+              "name; the saver's save function called by a signature, its restore function "
+              "named by the object graph; the init op made an op or given inputs, the main_op "
+              "naming the saver, a legacy_init_op, a TF1 asset, TF2 objects of 5 other kinds "
+              "or of registered Python; a saved_model.pb past the size bound",
+        strategy=_hostile_case(),
+        check=_check_hostile,
+        start=_start_hostile,
+        # The SavedModels of issue 41, each loaded before serving.trust: every build, and one
+        # case of each way to hide an op or an init op in our own export.
+        regressions=(
+            *({"build": name} for name in HOSTILE_BUILDS),
+            {"edit": "op", "op": "WriteFile", "function": 0, "node": 3},
+            {"edit": "op", "op": "PrintV2", "function": -1, "node": 0},
+            {"edit": "attr", "op": "WriteFile"},
+            {"edit": "uncalled", "op": "EagerPyFunc"},
+            {"edit": "gradient", "op": "WriteFile"},
+            {"edit": "nested", "op": "ReadFile"},
+            {"edit": "duplicate", "op": "WriteFile"},
+            {"edit": "saver-call", "op": "SaveV2"},
+            {"edit": "object-saver", "op": "RestoreV2"},
+            {"edit": "init-op", "op": "WriteFile", "inputs": False},
+            {"edit": "init-op", "op": "WriteFile", "inputs": True},
+            {"edit": "main-op", "op": "WriteFile"},
+            {"edit": "legacy-init-op", "op": "WriteFile"},
+            {"edit": "asset", "op": "WriteFile"},
+            {"edit": "object", "op": "WriteFile", "kind": "resource"},
+            {"edit": "object", "op": "WriteFile", "kind": "registered"},
+            {"edit": "huge", "op": "WriteFile", "extra": 1},
         )),
 ]
