@@ -3,11 +3,13 @@
     python -m cifar10_estimator.cluster --num-workers 2 --num-ps 1 --evaluator -- \\
         --data-dir DATA --job-dir JOB --train-steps 1000
 
-starts a whole TensorFlow cluster on this host's loopback interface (``distributed.launcher``):
-every task runs the trainer with everything after ``--`` and its own ``TF_CONFIG``. Exits 0 when
-training finished, 1 when a task failed, 130 when interrupted (Ctrl-C or SIGTERM).
+starts a whole TensorFlow cluster on this host (``distributed.launcher``): every task runs the
+trainer with everything after ``--`` and its own ``TF_CONFIG``, in a network namespace of their
+own where it can (``--network``). Exits 0 when training finished, 1 when a task failed, 130 when
+interrupted (Ctrl-C or SIGTERM).
 """
 
+import os
 import signal
 import sys
 from typing import Optional, Sequence, TextIO
@@ -16,6 +18,7 @@ from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
+from cifar10_estimator.distributed import launcher
 from cifar10_estimator.distributed.launcher import Cluster, plan
 
 MODULE = "cifar10_estimator.cluster"
@@ -25,16 +28,19 @@ def build_parser() -> cli.Parser:
     prog = cli.invoked_as(MODULE)
     parser = cli.Parser(
         MODULE,
-        usage="%(prog)s [--num-workers N] [--num-ps M] [--evaluator] [@FLAGFILE] -- "
-              "TRAINER_FLAGS...",
+        usage="%(prog)s [--num-workers N] [--num-ps M] [--evaluator] "
+              "[--network auto|private|host] [@FLAGFILE] -- TRAINER_FLAGS...",
         examples=(f"{prog} --num-workers 2 -- --data-dir cifar10-data --job-dir cluster-job "
                   f"--num-layers 20",
                   f"{prog} --num-workers 3 --evaluator -- @job.flags --sync",
                   f"{prog} --num-workers 2 --evaluator -- @job.flags "
                   f"--distribution-strategy multi-worker-mirrored"),
-        description="Start a TensorFlow training cluster on this host's loopback interface: "
-                    "every task runs `python -m cifar10_estimator TRAINER_FLAGS` with its own "
-                    "TF_CONFIG. Exits 0 when training finished, 1 when a task failed.")
+        description="Start a TensorFlow training cluster on this host: every task runs "
+                    "`python -m cifar10_estimator TRAINER_FLAGS` with its own TF_CONFIG. "
+                    "TensorFlow's gRPC server listens on every interface and has no "
+                    "authentication, so the tasks run in a network namespace of their own "
+                    "where they can (--network); the first line says where they listen. "
+                    "Exits 0 when training finished, 1 when a task failed.")
     parser.add_argument("--num-workers", type=int, default=2,
                         help="training tasks in all: the chief plus N-1 workers")
     parser.add_argument("--num-ps", type=int, default=None,
@@ -42,8 +48,20 @@ def build_parser() -> cli.Parser:
                              "--distribution-strategy towers, none with multi-worker-mirrored)")
     parser.add_argument("--evaluator", action="store_true",
                         help="add an evaluator task that evaluates each new checkpoint")
+    parser.add_argument(
+        "--network", choices=launcher.NETWORKS, default=launcher.AUTO,
+        help="where the tasks' ports are. private: a network namespace of the tasks' own "
+             "(Linux: as root, or as a user where unprivileged user namespaces are enabled), "
+             "which other hosts and this host's other processes cannot reach; it fails if "
+             "the system refuses one or a path is a URL. host: this host's network, where "
+             "the tasks listen on every interface (0.0.0.0), unauthenticated. auto: private, "
+             "except with an s3://, gs:// or other URL in --data-dir, --job-dir or "
+             "--export-dir (the tasks must reach it), a --host that is no loopback address, "
+             "or where the system refuses a namespace; then host, and the first line warns")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address the tasks listen on")
+                        help="the address the tasks reach each other at, in TF_CONFIG (they "
+                             "listen on every interface of their network whatever it says); "
+                             "in a private namespace a loopback address")
     parser.add_argument("--timeout-secs", type=float, default=None,
                         help="stop every task and fail after this long (default: no limit)")
     return parser
@@ -88,11 +106,18 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
     if not all_reduce and num_ps < 1:
         raise UserError(f"--num-ps must be 1 or more (workers share variables through "
                         f"parameter servers), got {num_ps}")
-    tasks = plan(args.num_workers, num_ps, args.evaluator, args.host)
-    cluster = Cluster(tasks, trainer_args, out=out)
-    # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
-    return cluster.run(args.timeout_secs)
+    paths = {"--data-dir": parsed.data_dir, "--job-dir": parsed.job_dir,
+             "--export-dir": parsed.export_dir}
+    network = launcher.choose_network(args.network, paths, args.host, os.geteuid(),
+                                      os.getegid())
+    try:
+        tasks = plan(args.num_workers, num_ps, args.evaluator, args.host, network)
+        cluster = Cluster(tasks, trainer_args, out=out, network=network)
+        # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
+        return cluster.run(args.timeout_secs)
+    finally:
+        network.close()  # the namespace ends once its last task has exited
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

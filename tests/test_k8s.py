@@ -13,13 +13,20 @@ from trainer_fixtures import REPO
 
 MANIFEST = os.path.join(REPO, "k8s", "tfjob.yaml")
 SCHEMA = os.path.join(REPO, "k8s", "tfjob.schema.json")
+# Every manifest: a TFJob, and the resources that go with it (a volume claim, a NetworkPolicy).
+MANIFESTS = [os.path.join(REPO, "k8s", name)
+             for name in ("tfjob.yaml", "tfjob-allreduce.yaml", "tfjob-s3.yaml")]
+
+
+def _documents(path: str) -> list[dict]:
+    """The documents of a multi-document YAML file, empty ones left out."""
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
 
 
 @pytest.fixture(scope="module")
 def tfjob() -> dict:
-    with open(MANIFEST) as f:
-        documents = [d for d in yaml.safe_load_all(f) if d]
-    jobs = [d for d in documents if d.get("kind") == "TFJob"]
+    jobs = [d for d in _documents(MANIFEST) if d.get("kind") == "TFJob"]
     assert len(jobs) == 1
     return jobs[0]
 
@@ -129,10 +136,9 @@ S3_MANIFEST = os.path.join(REPO, "k8s", "tfjob-s3.yaml")
 
 
 def test_the_s3_variant_keeps_the_job_in_a_bucket_with_credentials_from_a_secret(validator):
-    with open(S3_MANIFEST) as f:
-        documents = [d for d in yaml.safe_load_all(f) if d]
-    assert [d["kind"] for d in documents] == ["TFJob"]  # no volume claim
-    (job,) = documents
+    documents = _documents(S3_MANIFEST)
+    assert [d["kind"] for d in documents] == ["TFJob", "NetworkPolicy"]  # no volume claim
+    job = documents[0]
     validator.validate(job)
     if os.path.isfile(OPERATOR_CRD):
         with open(OPERATOR_CRD) as f:
@@ -153,3 +159,52 @@ def test_the_s3_variant_keeps_the_job_in_a_bucket_with_credentials_from_a_secret
         for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "cifar10-s3", "key": key}
         assert "AWS_REGION" in env
+
+
+# The labels Kubeflow's training operator gives every pod of a TFJob (release 1.9: GenLabels,
+# the job's and the controller's names, then the replica's type, lowercased, and index).
+def _pod_labels(job_name: str, replica_type: str, index: int) -> dict:
+    return {"training.kubeflow.org/job-name": job_name,
+            "training.kubeflow.org/operator-name": "tfjob-controller",
+            "training.kubeflow.org/replica-type": replica_type.lower(),
+            "training.kubeflow.org/replica-index": str(index)}
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """Whether a label selector of matchLabels alone selects a pod with ``labels``."""
+    assert set(selector) == {"matchLabels"}, selector  # no matchExpressions to evaluate
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=os.path.basename)
+def test_a_network_policy_admits_only_the_jobs_own_pods_to_the_task_port(path):
+    # TensorFlow's gRPC server listens on every interface and has no authentication.
+    documents = _documents(path)
+    (job,) = [d for d in documents if d["kind"] == "TFJob"]
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    assert policy["metadata"].get("namespace") == job["metadata"].get("namespace")
+    spec = policy["spec"]
+    assert set(spec) <= {"podSelector", "policyTypes", "ingress", "egress"}
+    name, replicas = job["metadata"]["name"], job["spec"]["tfReplicaSpecs"]
+    pods = [_pod_labels(name, kind, i) for kind, replica in replicas.items()
+            for i in range(replica["replicas"])]
+    strangers = [_pod_labels("another-job", "Chief", 0), _pod_labels("another-job", "Worker", 1),
+                 {"training.kubeflow.org/job-name": name}, {}]  # not the operator's, or none
+    # The policy covers every pod of the job, and no other pod.
+    assert all(_selects(spec["podSelector"], pod) for pod in pods)
+    assert not any(_selects(spec["podSelector"], pod) for pod in strangers)
+    # It restricts what comes in; what goes out (S3, DNS, the volume's server) stays open.
+    assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    # A pod selector alone: pods of the policy's own namespace, no namespaceSelector or ipBlock.
+    assert set(peer) == {"podSelector"}
+    assert all(_selects(peer["podSelector"], pod) for pod in pods)
+    assert not any(_selects(peer["podSelector"], pod) for pod in strangers)
+    # Only the task port, the one every serving replica declares.
+    ports = {port["containerPort"] for replica in replicas.values()
+             for container in replica["template"]["spec"]["containers"]
+             for port in container.get("ports", [])}
+    assert ports == {2222}
+    assert rule["ports"] == [{"protocol": "TCP", "port": 2222}]

@@ -1,6 +1,16 @@
-"""A whole training cluster on this host: its ports, ``TF_CONFIG`` values and processes.
+"""A whole training cluster on this host: its network, ports, ``TF_CONFIG`` values and processes.
 
-``plan`` lays out the tasks of a TensorFlow cluster on free loopback ports:
+``choose_network`` decides where the tasks' ports are. TensorFlow's gRPC server listens on every
+interface (``0.0.0.0:PORT``, whatever the cluster spec says) and has no authentication, so by
+default the tasks run in a network namespace of their own (``platform.netns``): one namespace for
+the whole cluster, with only its loopback interface, which neither other hosts nor this host's
+other processes reach. The launcher itself stays in the host's network and never connects to a
+task. The tasks keep this host's network instead when the user asks (``--network host``), when
+a path of the job is a URL that they must reach over the network (``s3://``, ``gs://``: a
+private namespace reaches nothing outside it), or when the system refuses a namespace. The
+launcher's first line says which, and why.
+
+``plan`` lays out the tasks of a TensorFlow cluster on ports of one address:
 
 - ``num_workers`` training tasks in all: task ``chief`` and ``worker`` 0..N-2;
 - ``num_ps`` parameter servers ``ps`` 0..M-1 (none for a collective all-reduce cluster);
@@ -23,6 +33,7 @@ manager (see the Kubernetes TFJob in ``k8s/``). The ``cluster`` command is its c
 
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import os
 import signal
@@ -33,7 +44,9 @@ import threading
 import time
 from typing import Optional, Sequence, TextIO
 
+from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
+from cifar10_estimator.platform import netns
 
 _POLL_SECS = 0.2
 # After the chief has finished, a worker needs at most one more step and its report to the
@@ -43,6 +56,14 @@ _WORKER_GRACE_SECS = 120
 _PS_GRACE_SECS = 30
 # SIGTERM first so a task can flush its log; SIGKILL after this.
 _TERM_GRACE_SECS = 10
+# In a private namespace every port is free: the tasks take consecutive ports from 2222,
+# TensorFlow's customary one, which Kubeflow's operator gives every replica (k8s/tfjob.yaml).
+PRIVATE_FIRST_PORT = 2222
+
+AUTO, PRIVATE, HOST = "auto", "private", "host"
+NETWORKS = (AUTO, PRIVATE, HOST)
+# Schemes whose paths need no network: TensorFlow's in-memory file system and local files.
+_LOCAL_SCHEMES = ("ram", "file")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -59,6 +80,84 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.bind((host, 0))
             ports.append(s.getsockname()[1])
         return ports
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass
+class Network:
+    """Where the tasks' ports are: a private network namespace (``namespace``), or this host's
+    network (``namespace`` None, for the reason ``why_host``)."""
+
+    namespace: Optional[netns.Namespace] = None
+    why_host: str = "no private namespace was asked for"
+
+    def ports(self, count: int, host: str) -> list[int]:
+        if self.namespace is not None:
+            return list(range(PRIVATE_FIRST_PORT, PRIVATE_FIRST_PORT + count))
+        return free_ports(count, host)
+
+    def line(self, addresses: Sequence[str]) -> str:
+        """The launcher's first line: where the tasks listen, and who can reach them."""
+        addresses = sorted(addresses, key=lambda a: int(a.rpartition(":")[2]))
+        if self.namespace is not None:
+            return (f"network: private: the tasks run in {self.namespace.kind} of their own, "
+                    f"which other hosts and this host's other processes cannot reach; "
+                    f"they listen there on {', '.join(addresses)}")
+        ports = ", ".join(a.rpartition(":")[2] for a in addresses)
+        return (f"network: this host's ({self.why_host}): the tasks listen on every interface "
+                f"of this host (0.0.0.0, ports {ports}), and TensorFlow's gRPC server has no "
+                f"authentication; run only on a trusted network")
+
+    def join(self) -> None:
+        """For ``preexec_fn``: the new task's process enters the namespace, if any."""
+        if self.namespace is not None:
+            self.namespace.join()
+
+    def close(self) -> None:
+        if self.namespace is not None:
+            self.namespace.close()
+
+
+def choose_network(mode: str, paths: dict[str, Optional[str]], host: str, uid: int, gid: int
+                   ) -> Network:
+    """The network of a cluster: ``mode`` is ``auto``, ``private`` or ``host`` (``--network``);
+    ``paths`` the job's paths by flag (``--job-dir``: ...); ``host`` the address in the cluster
+    spec; ``uid`` and ``gid`` the launcher's effective ids (for a user namespace). ``auto`` is
+    a private namespace where one can work and the system allows it; ``private`` fails with a
+    ``UserError`` where ``auto`` would fall back to this host's network."""
+    if mode not in NETWORKS:
+        raise UserError(f"--network {mode}: choose one of {', '.join(NETWORKS)}")
+    if mode == HOST:
+        return Network(None, "--network host")
+    remote = [f"{flag} {path}" for flag, path in paths.items()
+              if path and storage.is_url(path) and storage.scheme(path) not in _LOCAL_SCHEMES]
+    if remote:
+        if mode == PRIVATE:
+            raise UserError(f"--network private: the tasks must reach {remote[0]} over the "
+                            f"network, and a private namespace has none; use --network host "
+                            f"on a trusted network")
+        return Network(None, f"{remote[0]} is reached over the network, which a private "
+                             f"namespace has none of")
+    if not _is_loopback(host):
+        if mode == PRIVATE:
+            raise UserError(f"--host {host}: a private network namespace has only a loopback "
+                            f"interface; leave --host out, or use --network host")
+        return Network(None, f"--host {host} is no loopback address")
+    try:
+        return Network(netns.create(uid, gid))
+    except netns.Unavailable as e:
+        if mode == PRIVATE:
+            raise UserError(f"--network private: this system refused a network namespace "
+                            f"({e}); use --network host on a trusted network") from None
+        return Network(None, f"this system refused a private network namespace: {e}")
 
 
 def make_cluster(num_workers: int, num_ps: int, host: str, ports: Sequence[int]
@@ -109,14 +208,16 @@ class Task:
         return code is not None and (code >= 128 or code < 0) and not self.stopped
 
 
-def plan(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1"
-         ) -> list[Task]:
-    """The tasks of a cluster on free ports of ``host``, parameter servers first."""
+def plan(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1",
+         network: Optional[Network] = None) -> list[Task]:
+    """The tasks of a cluster on ports of ``host``, parameter servers first: free ports of this
+    host, or ``network``'s (from 2222 in a private namespace)."""
     if num_workers < 1:
         raise UserError(f"--num-workers must be 1 or more (the chief counts), got {num_workers}")
     if num_ps < 0:
         raise UserError(f"--num-ps must be 0 or more, got {num_ps}")
-    cluster = make_cluster(num_workers, num_ps, host, free_ports(num_workers + num_ps, host))
+    ports = (network or Network()).ports(num_workers + num_ps, host)
+    cluster = make_cluster(num_workers, num_ps, host, ports)
     tasks = [Task("ps", i, tf_config(cluster, "ps", i)) for i in range(num_ps)]
     tasks.append(Task("chief", 0, tf_config(cluster, "chief", 0)))
     tasks += [Task("worker", i, tf_config(cluster, "worker", i)) for i in range(num_workers - 1)]
@@ -130,8 +231,9 @@ class Cluster:
 
     def __init__(self, tasks: Sequence[Task], trainer_args: Sequence[str],
                  out: TextIO = sys.stdout, python: str = sys.executable,
-                 env: Optional[dict] = None):
+                 env: Optional[dict] = None, network: Optional[Network] = None):
         self.tasks = list(tasks)
+        self.network = network or Network()
         self.trainer_args = list(trainer_args)
         self.out = out
         self.python = python
@@ -152,6 +254,7 @@ class Cluster:
 
     def start(self) -> None:
         cluster = json.loads(self.tasks[0].tf_config)["cluster"]
+        self.say(self.network.line([a for job in cluster.values() for a in job]))
         self.say("cluster " + json.dumps(cluster))
         for task in self.tasks:
             self._launch(task)
@@ -162,7 +265,11 @@ class Cluster:
             [self.python, "-m", "cifar10_estimator", *self.trainer_args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
-            start_new_session=True)
+            start_new_session=True,
+            # Into the cluster's namespace between fork and exec, where the child is
+            # single-threaded (setns into a user namespace requires it); no wrapper process, so
+            # the pid said below is the task's.
+            preexec_fn=self.network.join if self.network.namespace is not None else None)
         task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
         task.reader.start()
         self.say(f"started {task.name} (pid {task.process.pid})")

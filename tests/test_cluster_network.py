@@ -1,0 +1,235 @@
+"""Who can reach a local cluster's tasks: nobody outside their private network namespace.
+
+TensorFlow's gRPC server listens on 0.0.0.0 and has no authentication. The launcher puts its
+tasks in a network namespace of their own (``platform.netns``), or says in its first line that
+they listen on every interface of this host. These tests look from this process, in the host's
+namespace, at real tasks: their ports are not listening here on any address, and a connection
+is refused, while the job trains to its end.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator.distributed import launcher
+from cifar10_estimator.errors import UserError
+from trainer_fixtures import (REPO, checkpoint_step, cluster_pids, run_module, start_cluster,
+                              stop_cluster, trainer_args)
+
+# TCP state LISTEN in /proc/net/tcp and tcp6: include/net/tcp_states.h.
+TCP_LISTEN = "0A"
+
+
+def _listening_ports(net_folder: str) -> set[int]:
+    """The TCP ports a network namespace listens on, any address: ``/proc/PID/net``'s view,
+    or ``/proc/self/net`` for this process's own namespace."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        path = os.path.join(net_folder, name)
+        if not os.path.exists(path):
+            continue  # no IPv6 here
+        with open(path) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                if state == TCP_LISTEN:
+                    ports.add(int(local.rpartition(":")[2], 16))
+    return ports
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _task_ports(text: str) -> list[int]:
+    spec = json.loads(re.search(r"^\[cluster\] cluster (\{.*\})$", text, re.M).group(1))
+    return [int(a.rpartition(":")[2]) for job in spec.values() for a in job]
+
+
+def _wait_for(log, cluster: subprocess.Popen, *patterns: str, timeout: float = 150) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(re.search(p, log.read_text(), re.M) for p in patterns):
+        assert cluster.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_local_clusters_tasks_cannot_be_reached_from_this_host(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    log = tmp_path / "cluster.log"
+    cluster = start_cluster(["--num-workers", "1", "--", *trainer_args(
+        data_dir, job_dir, "--train-steps", "20", "--progress-secs", "0.2",
+        "--eval-throttle-secs", "100000")], log)
+    try:
+        # The ps serves, the chief trains; frozen, the chief cannot finish during the checks.
+        _wait_for(log, cluster, r"^\[ps0\] .*parameter server 0 serving",
+                  r"^\[chief\] .*step \d+/20")
+        pids = cluster_pids(log)
+        os.kill(pids["chief"], signal.SIGSTOP)
+        try:
+            text = log.read_text()
+            first = text.splitlines()[0]
+            if "this system refused a private network namespace" in first:
+                pytest.skip(first)  # not Linux, or neither root nor user namespaces
+            # As root a network namespace; as another user, a user namespace owning one.
+            assert re.match(r"\[cluster\] network: private: the tasks run in a (user and )?"
+                            r"network namespace of their own, which other hosts and this "
+                            r"host's other processes cannot reach; they listen there on "
+                            r"127\.0\.0\.1:2222, 127\.0\.0\.1:2223$", first), first
+            ports = _task_ports(text)
+            assert len(ports) == 2
+            ours = os.readlink("/proc/self/ns/net")
+            (theirs,) = {os.readlink(f"/proc/{pid}/ns/net") for pid in pids.values()}
+            assert theirs != ours  # one namespace for every task, not this host's
+            # In their namespace the ports listen (so the check below can see them) ...
+            assert set(ports) <= _listening_ports(f"/proc/{pids['ps0']}/net")
+            # ... and in this host's, on no address at all, nor does anything answer.
+            assert not set(ports) & _listening_ports("/proc/self/net")
+            assert all(_refused(port) for port in ports)
+            # The tasks' process groups are their own, as before the namespace.
+            assert all(os.getpgid(pid) == pid for pid in pids.values())
+        finally:
+            os.kill(pids["chief"], signal.SIGCONT)
+        assert cluster.wait(150) == 0, log.read_text()[-3000:]
+    finally:
+        stop_cluster(cluster, log)
+    text = log.read_text()
+    assert "[cluster] training finished" in text and "Traceback" not in text
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 20
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_cluster_on_this_hosts_network_says_so_first(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    log = tmp_path / "cluster.log"
+    cluster = start_cluster(["--num-workers", "1", "--network", "host", "--", *trainer_args(
+        data_dir, tmp_path / "job", "--train-steps", "3",
+        "--eval-throttle-secs", "100000")], log)
+    try:
+        assert cluster.wait(150) == 0, log.read_text()[-3000:]
+    finally:
+        stop_cluster(cluster, log)
+    text = log.read_text()
+    ports = ", ".join(map(str, _task_ports(text)))
+    assert text.splitlines()[0] == (
+        f"[cluster] network: this host's (--network host): the tasks listen on every "
+        f"interface of this host (0.0.0.0, ports {ports}), and TensorFlow's gRPC server has "
+        f"no authentication; run only on a trusted network")
+
+
+# --- choosing the network: no TensorFlow, no cluster ------------------------------------------
+
+def test_a_url_the_tasks_must_reach_keeps_this_hosts_network_and_says_why():
+    paths = {"--data-dir": "data", "--job-dir": "s3://bucket/job", "--export-dir": None}
+    network = launcher.choose_network(launcher.AUTO, paths, "127.0.0.1", os.geteuid(),
+                                      os.getegid())
+    assert network.namespace is None
+    line = network.line(["127.0.0.1:5000"])
+    assert line.startswith("network: this host's (--job-dir s3://bucket/job is reached over "
+                           "the network, which a private namespace has none of): the tasks "
+                           "listen on every interface of this host (0.0.0.0, ports 5000)")
+    with pytest.raises(UserError, match=r"^--network private: the tasks must reach --job-dir "
+                                        r"s3://bucket/job over the network"):
+        launcher.choose_network(launcher.PRIVATE, paths, "127.0.0.1", 0, 0)
+    # ram:// lives in each process's memory: no network needed.
+    assert launcher.choose_network(launcher.HOST, {"--job-dir": "ram://j"}, "127.0.0.1", 0,
+                                   0).why_host == "--network host"
+
+
+def test_a_private_namespace_has_only_a_loopback_address():
+    with pytest.raises(UserError, match=r"^--host 10\.0\.0\.1: a private network namespace "
+                                        r"has only a loopback interface"):
+        launcher.choose_network(launcher.PRIVATE, {}, "10.0.0.1", 0, 0)
+    network = launcher.choose_network(launcher.AUTO, {}, "10.0.0.1", 0, 0)
+    assert network.namespace is None
+    assert network.why_host == "--host 10.0.0.1 is no loopback address"
+
+
+def test_the_command_refuses_a_private_network_for_a_bucket_in_one_line(tmp_path):
+    proc = run_module("cifar10_estimator.cluster", "--network", "private", "--",
+                      *trainer_args(tmp_path, "s3://bucket/job"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "cifar10_estimator.cluster: error: --network private: the tasks must reach --job-dir "
+        "s3://bucket/job over the network, and a private namespace has none; use --network "
+        "host on a trusted network"]
+
+
+# A process in a fresh namespace listens on 0.0.0.0 as TensorFlow does and reaches itself over
+# the loopback (so ``lo`` is up); the process that made the namespace, outside it, is refused.
+# A subprocess, forked without exec: it runs as another user where the test asks, and the
+# suite's own process (with pytest-xdist's threads) never forks.
+_PROBE = """
+import json, os, socket, sys
+from cifar10_estimator.platform import netns
+try:
+    ns = netns.create(os.geteuid(), os.getegid())
+except netns.Unavailable as e:
+    print(json.dumps({"unavailable": str(e)}))
+    sys.exit(0)
+port_read, port_write = os.pipe()
+done_read, done_write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(done_write)
+    ns.join()
+    s = socket.socket()
+    s.bind(("0.0.0.0", 0))
+    s.listen()
+    socket.create_connection(("127.0.0.1", s.getsockname()[1]), timeout=5).close()
+    os.write(port_write, str(s.getsockname()[1]).encode())
+    os.read(done_read, 1)  # until the parent has tried
+    os._exit(0)
+port = int(os.read(port_read, 16))
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    reached = True
+except ConnectionRefusedError:
+    reached = False
+inside = os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+os.close(done_write)
+os.waitpid(pid, 0)
+print(json.dumps({"kind": ns.kind, "reached": reached, "inside": inside}))
+ns.close()
+"""
+
+
+def _probe(*prefix: str) -> dict:
+    proc = subprocess.run([*prefix, sys.executable, "-c", _PROBE], capture_output=True,
+                          text=True, timeout=60, cwd="/", env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    if "unavailable" in result:
+        pytest.skip(f"this system refuses a network namespace: {result['unavailable']}")
+    return result
+
+
+def test_a_namespace_hides_a_listener_on_every_interface():
+    result = _probe()
+    assert result["inside"] and not result["reached"], result
+
+
+def test_an_unprivileged_user_gets_a_user_namespace_that_hides_it_too():
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root (to become another user) and util-linux's setpriv")
+    with open("/proc/sys/user/max_user_namespaces") as f:
+        if int(f.read()) == 0:
+            pytest.skip("user namespaces are disabled here (user.max_user_namespaces = 0)")
+    result = _probe("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups")
+    assert result == {"kind": "a user and network namespace", "reached": False,
+                      "inside": True}, result
