@@ -347,10 +347,13 @@ def test_a_missing_bucket_or_a_server_that_does_not_answer_is_one_line(
 
 class _Relay:
     """A TCP relay from a port of its own to the S3 server: ``stop`` takes the server away
-    (connections cut, new ones refused), ``start`` brings it back with its objects."""
+    (connections cut, new ones refused), ``start`` brings it back with its objects. With
+    ``put_delay``, it holds every PUT request that long before passing it on, as a write through
+    the SDK's retries or a congested link would be."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, put_delay: float = 0.0):
         self.target_port = target_port
+        self.put_delay = put_delay
         self.port = _free_port()
         self._listener = None
         self._connections: list[socket.socket] = []
@@ -377,13 +380,14 @@ class _Relay:
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
             self._connections += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, requests in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, requests), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source, sink) -> None:
+    def _pipe(self, source, sink, requests: bool) -> None:
         try:
             while data := source.recv(65536):
+                if requests and self.put_delay and data.startswith(b"PUT "):
+                    time.sleep(self.put_delay)
                 sink.sendall(data)
         except OSError:
             pass

@@ -15,6 +15,11 @@ sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in the cl
 Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the chief saves
 checkpoints and exports; with ``--export-best`` the task that evaluates (locally, the only one;
 in a cluster, the evaluator) also exports each evaluation that beats the best so far.
+
+The chief (or a local run) holds the job dir's lock (``jobdir.lock``) from its start to its
+end. Once it has lost the lock it stops with ``LockLost`` (one line, exit status 2) and saves
+nothing more: its sessions check before every step and re-read the lock before every
+checkpoint (``training.fence``), and no evaluation, report or export follows.
 """
 
 import contextlib
@@ -44,7 +49,7 @@ from cifar10_estimator.platform import cpu, precision, precision_cache
 from cifar10_estimator.serving.best_export import BEST_SUBDIR, BestExport
 from cifar10_estimator.serving import client
 from cifar10_estimator.serving.export import export_saved_model
-from cifar10_estimator.training import precise_bn, progress, task
+from cifar10_estimator.training import fence, precise_bn, progress, task
 from cifar10_estimator.training.preemption import Preemption, stopped_line
 from cifar10_estimator.training.task import Job
 
@@ -92,11 +97,12 @@ def _start(job: Job, stack: contextlib.ExitStack) -> None:
         settings_record.check(config.job_dir, task.run_settings(job), is_chief=False)
         return
     guards.check_job_dir(config.job_dir, config, job.info.num_classes)
-    lock = stack.enter_context(JobLock(config.job_dir))
+    lock = job.lock = stack.enter_context(JobLock(config.job_dir))
     job.preemption.before_exit(lambda _: lock.release())
     recorded = settings_record.read(config.job_dir) or {}
     task.resolve_precision(job, None if config.change_settings else recorded.get("precision"))
     current = task.run_settings(job)
+    lock.check()  # the settings record is written only by the lock's holder
     settings_record.check(config.job_dir, current, is_chief=True, change=config.change_settings)
     spans = recorded.get(settings_record.SCHEDULE_STEPS)
     if spans and current.get(settings_record.SCHEDULE_STEPS, spans) != spans:
@@ -115,11 +121,19 @@ def _all_reduce_cluster(job: Job) -> bool:
             and job.rc.task_type in distributed.TRAINER_JOBS)
 
 
+def _check_lock(job: Job) -> None:
+    """LockLost if the task that held the job dir's lock has lost it (re-reads it)."""
+    if job.lock is not None:
+        job.lock.check()
+
+
 class _AfterEvaluation(tf.estimator.Exporter):
     """Estimator's hook after each local evaluation: logs it and hands it on."""
 
-    def __init__(self, consider: Optional[Callable[[dict, str], object]]):
+    def __init__(self, consider: Optional[Callable[[dict, str], object]],
+                 lock: Optional[JobLock] = None):
         self._consider = consider
+        self._lock = lock
 
     @property
     def name(self) -> str:
@@ -127,6 +141,8 @@ class _AfterEvaluation(tf.estimator.Exporter):
 
     def export(self, estimator, export_path, checkpoint_path, eval_result,
                is_the_final_export):
+        if self._lock is not None:
+            self._lock.check()  # no best export once the lock is lost
         log.info(report.evaluation_line(eval_result))
         return self._consider(eval_result, checkpoint_path) if self._consider else None
 
@@ -147,7 +163,14 @@ def _specs(job: Job, best: Optional[BestExport]):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``."""
     config = job.config
     all_reduce = _all_reduce_cluster(job)
-    train_hooks = [_progress_hook(job), job.preemption.training_hook(stop=not all_reduce)]
+    # The lock's hook first: in an all-reduce task's session it then runs before the checkpoint
+    # hooks, which Estimator gives no listener there.
+    lock_hooks = ([fence.LockHook(job.lock, (config.save_checkpoints_steps
+                                             or fence.ALL_REDUCE_SAVE_STEPS)
+                                  if all_reduce else None)] if job.lock is not None else [])
+    listeners = [fence.LockListener(job.lock)] if job.lock is not None else []
+    train_hooks = [*lock_hooks, _progress_hook(job),
+                   job.preemption.training_hook(stop=not all_reduce)]
     if all_reduce:
         name = f"{job.rc.task_type} {job.rc.task_id}"
         train_hooks += [
@@ -164,19 +187,25 @@ def _specs(job: Job, best: Optional[BestExport]):
             config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
             config.train_steps, precise_bn.PreciseBatchNorm(
                 config.precise_bn_batches, config.train_steps,
-                skip=lambda: job.preemption.signum is not None) if precise else None))
+                skip=lambda: job.preemption.signum is not None) if precise else None,
+            listeners))
     if job.in_cluster and job.rc.num_ps_replicas:
         train_hooks.append(distributed.ParameterServerWatchdog(
             task.ps_tasks(job.cluster), config.cluster_timeout_secs,
             "start it again on the same address and rerun the tasks that stopped with the "
             "same flags: the chief resumes from the latest checkpoint in --job-dir"))
+    # Estimator adds a chief's saving listeners to its first checkpoint hook (the one above, or
+    # its own), except under a multi-worker strategy, which takes none.
     train_spec = tf.estimator.TrainSpec(_train_input(job), max_steps=config.train_steps,
-                                        hooks=train_hooks)
+                                        hooks=train_hooks,
+                                        saving_listeners=[] if all_reduce else listeners)
     eval_spec = tf.estimator.EvalSpec(
         lambda: job.eval_data.make_batch(config.eval_batch_size),
         steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
-        exporters=[_AfterEvaluation(best.consider if best else None)],
-        hooks=[job.preemption.evaluation_hook()])
+        exporters=[_AfterEvaluation(best.consider if best else None, job.lock)],
+        # A local run's evaluations end too once the lock is lost.
+        hooks=[job.preemption.evaluation_hook(),
+               *([fence.LockHook(job.lock)] if job.lock is not None else [])])
     return train_spec, eval_spec
 
 
@@ -307,7 +336,13 @@ def _strategy(config: TrainConfig) -> tf.distribute.Strategy:
 def _run(job: Job) -> TrainResult:
     with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the very end
         _start(job, stack)
-        return _train_evaluate_export(job)
+        try:
+            return _train_evaluate_export(job)
+        except Exception as e:
+            lost = fence.lock_loss(e)
+            if lost is None or lost is e:
+                raise
+            raise lost from None
 
 
 def _final_export(job: Job, step: int) -> Optional[str]:
@@ -380,6 +415,7 @@ def _train_evaluate_export(job: Job) -> TrainResult:
     if job.rc.task_type == "evaluator":
         return _evaluate_only(job, estimator, eval_spec, best)
     metrics = _train(job, estimator, train_spec, eval_spec)
+    _check_lock(job)  # nothing after training either: no evaluation, report or export
     step = checkpoints.latest_step(config.job_dir)
     trained = step - start_step
     role = job.rc.task_type if job.cluster else "local"
@@ -391,7 +427,9 @@ def _train_evaluate_export(job: Job) -> TrainResult:
         with guards.training_errors(config.data_dir, config.job_dir):
             metrics = estimator.evaluate(eval_spec.input_fn, hooks=eval_spec.hooks)
         log.info(report.evaluation_line(metrics))
+        _check_lock(job)
     export = _final_export(job, step) or _export_final(job, metrics)
+    _check_lock(job)  # before the report
     result = TrainResult(metrics, export, _final_report(job, metrics), trained, role)
     if _all_reduce_cluster(job):
         # The chief leads the job's coordination service: leaving before the workers have

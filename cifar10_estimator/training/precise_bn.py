@@ -27,7 +27,7 @@ the evaluator task takes as final.
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -106,9 +106,12 @@ class CheckpointHook(tf.compat.v1.train.CheckpointSaverHook):
     """
 
     def __init__(self, job_dir: str, save_secs: Optional[int], save_steps: Optional[int],
-                 final_step: int, precise: Optional[PreciseBatchNorm] = None):
+                 final_step: int, precise: Optional[PreciseBatchNorm] = None,
+                 listeners: Sequence[tf.compat.v1.train.CheckpointSaverListener] = ()):
+        # ``listeners``: given here as well as to Estimator, for the sessions where Estimator
+        # adds none (a multi-worker strategy's); Estimator does not add one twice.
         super().__init__(job_dir, save_secs=save_secs, save_steps=save_steps,
-                         save_graph_def=False)
+                         save_graph_def=False, listeners=list(listeners))
         self._final_step = final_step
         self._precise = precise
 

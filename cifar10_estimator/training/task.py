@@ -22,6 +22,7 @@ from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.distributed import cluster as distributed
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import settings_record
+from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import networks, schedules, towers
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.platform import cpu, precision, precision_cache, precision_probe
@@ -62,6 +63,8 @@ class Job:
     agreed_stop: Optional[allreduce.AgreedStop] = None
     # The tf.distribute strategy a training task runs through Estimator (None: towers).
     strategy: Optional[tf.distribute.Strategy] = None
+    # The job dir's lock, on the task that holds it (a local run or the chief: driver._start).
+    lock: Optional[JobLock] = None
 
 
 def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
