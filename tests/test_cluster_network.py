@@ -125,7 +125,7 @@ def test_a_cluster_on_this_hosts_network_says_so_first(tiny_records, tmp_path):
     finally:
         stop_cluster(cluster, log)
     text = log.read_text()
-    ports = ", ".join(map(str, _task_ports(text)))
+    ports = ", ".join(map(str, sorted(_task_ports(text))))  # the line lists them in order
     assert text.splitlines()[0] == (
         f"[cluster] network: this host's (--network host): the tasks listen on every "
         f"interface of this host (0.0.0.0, ports {ports}), and TensorFlow's gRPC server has "

@@ -71,7 +71,7 @@ for good. The heartbeat thread notices a takeover within one heartbeat; the trai
 (``training.driver``) checks the verdict before every step, re-reads the lock file before every
 checkpoint save, and stops with one line, saving nothing more.
 
-What it does not do (docs/storage.md, "What remains"): compare-and-swap. Without one in the
+What it does not do (docs/storage.md, "What remains, without a compare-and-swap"): compare-and-swap. Without one in the
 store, a lease is safe only while another trainer's find-then-write lands within this trainer's
 measured wait; if it lands later, both read back their own lease, and the one overwritten finds
 the other's lease at its next heartbeat or checkpoint save, whichever comes first, and stops

@@ -1,5 +1,6 @@
 """Data-parallel plumbing: which devices run towers, where variables live, how shards and
-gradients move. The only module that names devices.
+gradients move. It names the towers' devices and the variables' device; the cluster's
+devices are named in ``distributed/cluster.py``.
 
 A training step on one worker splits its batch into one equal, contiguous shard per tower
 (tower i gets examples [i*B/N, (i+1)*B/N)), runs the same ResNet on every shard with shared
