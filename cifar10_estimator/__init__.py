@@ -1,19 +1,30 @@
-"""Train, evaluate and serve CIFAR-10 ResNets with tf.estimator.
+"""Train, evaluate and serve CIFAR-10 classifiers (a ResNet, or the original tutorial's CNN)
+with tf.estimator.
 
-The package follows the data's path; each subpackage imports only from those before it:
+Four foundations every layer uses (``errors``, ``cli``, ``storage``, ``logs``), then the
+settings' home and the subpackages along the data's path; each imports only from those before
+it:
 
+- ``config``: every setting once, its flag, its checks, and the models', strategies' and
+  recipes' overlays on the defaults;
 - ``data``: python batches, archives, sample data and image folders -> TFRecords, and the
   ``tf.data`` input pipeline that reads them back;
-- ``model``: the networks (the ResNet and the first tutorial's CNN), towers, the Estimator ``model_fn``, its metrics and checkpoints;
-- ``serving``: the SavedModel export and its clients;
-- ``training``: settings and flags, the ``train_and_evaluate`` driver, clusters, progress and
-  reports.
+- ``model``: the networks (the ResNet and the first tutorial's CNN), towers, the Estimator
+  ``model_fn``, its schedules and metrics, and what a checkpoint holds;
+- ``serving``: the SavedModel export and its warm-up requests, the check of an export before
+  it is loaded, and the client that classifies image files with it;
+- ``platform``: the machine: its CPU and oneDNN, the precision that fits it (probed and
+  cached), the local cluster's private network namespace;
+- ``jobdir``: the job dir's checks, its one-trainer lock and its settings record;
+- ``distributed``: a cluster's roles and waits, parameter servers, the all-reduce strategies,
+  the evaluator task and the local cluster launcher;
+- ``evaluation``: evaluating an export or a checkpoint once, and the evaluation report;
+- ``training``: a task resolved before it trains, the ``train_and_evaluate`` driver, progress,
+  the lock holder's fence, preemption, precise batch norm and the run summary.
 
-The top-level modules are the commands (``train``/``__main__``, ``generate``, ``predict``,
-``evaluate``, ``demo``, ``cluster``) and four foundations every layer uses (``errors``,
-``cli``, ``storage``, ``logs``).
-docs/architecture.md draws the cut. Importing the package is cheap: nothing here imports
-TensorFlow.
+The top-level modules beside them are the commands (``train``/``__main__``, ``generate``,
+``predict``, ``evaluate``, ``demo``, ``cluster``). docs/architecture.md draws the cut.
+Importing the package is cheap: nothing here imports TensorFlow.
 """
 
 __version__ = "0.1.0"

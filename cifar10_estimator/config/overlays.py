@@ -57,25 +57,26 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         # accuracy in fewer epochs than a piecewise schedule.
         "lr_schedule": "one-cycle",
         # Four times the tutorial's 0.1 at its batch of 128, scaled with the batch (Goyal et
-        # al. 2017): 0.2 at batch 64. With Nesterov momentum it ended 0.28 points above half
-        # that peak after 4 epochs on 10,000 Fashion-MNIST pictures (validation split, medians
-        # of 3 seeds; docs/performance.md, "Time to accuracy").
+        # al. 2017): 0.2 at batch 64. With Nesterov momentum it ended above the same run at
+        # half that peak after 4 epochs on 10,000 Fashion-MNIST pictures (docs/performance.md,
+        # "Choosing on a validation split", the third round).
         "learning_rate": 0.4,
         "lr_reference_batch": TUTORIAL_BATCH,
         # Sutskever et al. 2013 (ICML, section 3): the step looks ahead along the momentum.
-        # It gave the largest gain of the changes tried on the validation split: 87.92 %
-        # against 86.66 % after 4 epochs (medians of 3 seeds).
+        # It gave the largest gain of the changes tried on the validation split
+        # (docs/performance.md, "Choosing on a validation split", the third round).
         "nesterov": True,
-        # More, smaller steps: on 10,000 Fashion-MNIST pictures batch 64 reached the paper
-        # recipe's accuracy in 5 epochs, batch 128 not in 6 and batch 256 not in 7, while a 2-core
-        # CPU computes batch 64 at 0.85-0.95x the images/s of batch 256 (validation split,
-        # medians of 3 seeds; docs/performance.md, "Time to accuracy").
+        # More, smaller steps: on 10,000 Fashion-MNIST pictures batch 64 was the only batch
+        # that reached the paper recipe's accuracy within 6 epochs, and a 2-core CPU computes
+        # it at nearly the images/s of batch 256 (docs/performance.md, "Choosing on a
+        # validation split", "The batch and the run length").
         "train_batch_size": TUTORIAL_BATCH // 2,
         # Szegedy et al. 2016 (arXiv:1512.00567, section 7): 0.1, as they used.
         "label_smoothing": 0.1,
         # He et al. 2019 (arXiv:1812.01187, section 3.1): the weight decay on the kernels only.
         # It let half an epoch less reach the paper recipe's median on 50,000 pictures (4.5 in
-        # RUN_LENGTHS; 92.83 % without it), at no cost in time (docs/performance.md).
+        # RUN_LENGTHS), at no cost in time (docs/performance.md, "Choosing on a validation
+        # split", the fourth round).
         "no_bias_decay": True,
         "precision": "auto",
     },
@@ -85,9 +86,9 @@ RECIPES: dict[str, Mapping[str, Any]] = {
 # benchmarks/convergence.py on a validation split (docs/performance.md, "Time to accuracy"),
 # straight in log N between them and flat beyond them. Each point is the shortest run, in half
 # epochs, whose median accuracy over 3 seeds reached the paper recipe's 15-epoch median on
-# Fashion-MNIST: 4 epochs at 10,000 pictures (88.23 % against 88.10 %; 3.5 ended at 87.27 %
-# before the higher peak), 4.5 at 50,000 (93.01 % against 92.91 %; 4 ended at 92.49 % before
-# the kernels-only decay).
+# Fashion-MNIST; the runs that chose 4 epochs at 10,000 pictures and 4.5 at 50,000, and the
+# shorter ones that fell short: docs/performance.md, "Choosing on a validation split", the
+# third and fourth rounds.
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
     "fast": ((10_000, 4.0), (50_000, 4.5)),
 }

@@ -194,7 +194,8 @@ class Cifar10DataSet:
             return {"image": tf.cast(images, tf.float32)}, labels
 
         # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone
-        # makes ~75,000 images/s on 2 cores, the step consumes ~1,000 (benchmarks/).
+        # makes many times the images/s that the fastest training step consumes
+        # (docs/performance.md, "Input pipeline").
         return without_autotuning(
             batches.enumerate().map(parse, num_parallel_calls=IN_FLIGHT_BATCHES,
                                     deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES))

@@ -4,17 +4,18 @@ The one place that reads the CPU's model and ISA flags (``read_cpu_info``, from 
 ``/proc/cpuinfo``; tests inject a ``CpuInfo`` instead) and asks TensorFlow whether its oneDNN
 kernels are on (``onednn_enabled``). ``precision`` turns these facts into ``--precision``.
 
-Why it matters, measured on TensorFlow 2.15 (figures in docs/performance.md and docs/cpus.md):
+Why it matters, measured on TensorFlow 2.15 (the figures: docs/performance.md, "Training
+throughput", and docs/cpus.md, "CPUs measured so far"):
 
 - oneDNN. TF 2.15 turns its oneDNN kernels on by default only on x86 CPUs with AVX512_VNNI,
   AVX512_BF16 or AMX (tensorflow/core/util/util.cc, ``IsMKLEnabled``); elsewhere, e.g. on an
-  AVX2-only AMD Zen 3, its Eigen kernels run, which train this ResNet about half as fast and
-  have no NCHW pooling at all (``channels_first`` fails on a CPU). So the command lines turn
+  AVX2-only AMD Zen 3, its Eigen kernels run, which train this ResNet much slower and have
+  no NCHW pooling at all (``channels_first`` fails on a CPU). So the command lines turn
   oneDNN on when the user has not chosen (``prefer_onednn``), and the trainer refuses
   ``channels_first`` on a CPU where oneDNN is off by the user's choice.
 - bfloat16. On CPUs with native bf16 instructions (AVX512_BF16 or AMX-BF16) bf16 convolutions
-  through oneDNN are ~1.6x faster than fp32; without them oneDNN emulates bf16 and ResNet-20
-  trains at ~22 images/s instead of ~150-265 in fp32 (``precision`` acts on this).
+  through oneDNN can be much faster than fp32, or slower, by CPU; without them oneDNN emulates
+  bf16 and ResNet-20 trains many times slower than in fp32 (``precision`` acts on this).
 
 ``prefer_onednn`` changes the process environment and must run before TensorFlow is imported;
 only command-line entry points call it. Everything else here takes explicit arguments.

@@ -1,10 +1,10 @@
 """The compute precision that fits the machine: ``--precision auto|fp32|bf16`` resolved.
 
 Where the CPU has no native bfloat16 instructions (AVX512_BF16 or AMX-BF16), oneDNN emulates
-bf16 and ResNet-20 trains at ~22 images/s instead of ~150-265 in fp32, so ``auto`` keeps fp32
-there without measuring and an explicit ``bf16`` is refused. Where it has them, the flags still
-do not say which is faster (bf16 trains ResNet-20 at 1.5x fp32's speed on an AMD Zen 4 or 5 and
-at 0.69x on an Intel Xeon without AMX; docs/cpus.md), so ``auto`` measures both
+bf16 and ResNet-20 trains many times slower than in fp32, so ``auto`` keeps fp32 there without
+measuring and an explicit ``bf16`` is refused. Where it has them, the flags still do not say
+which is faster (bf16 trains ResNet-20 faster than fp32 on an AMD Zen 4 or 5 and slower on an
+Intel Xeon without AMX: docs/cpus.md, "CPUs measured so far"), so ``auto`` measures both
 (``precision_probe``, cached by ``precision_cache``) and takes bf16 only when it is at least
 ``BF16_MIN_SPEEDUP`` times as fast. An explicit ``bf16`` that measured slower trains as asked,
 with a warning that gives both figures.

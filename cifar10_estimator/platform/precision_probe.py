@@ -1,8 +1,8 @@
 """Measuring which precision computes faster on this machine: the probes behind ``auto``.
 
 CPU flags do not tell whether bf16 is faster than fp32. Two CPUs with AVX512_BF16 and no AMX
-train this ResNet-20 at 1.5x fp32's speed in bf16 (AMD Zen 5) and at 0.69x (an Intel Xeon), so
-``--precision auto`` times the real thing instead (docs/cpus.md):
+train this ResNet-20 faster in bf16 than in fp32 (AMD Zen 5) and slower (an Intel Xeon), so
+``--precision auto`` times the real thing instead (docs/cpus.md, "CPUs measured so far"):
 
 - ``measure_training``: the training step the run will run (the model_fn's graph for its network,
   depth, batch, data format, towers and session settings, on a fixed random batch), once in each

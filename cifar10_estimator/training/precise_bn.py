@@ -14,8 +14,8 @@ It runs in the chief's checkpoint hook, in the training session right before eve
 two: the one at the session's start (the statistics as they were restored) and a save for a
 signal, which must stay quick. So every checkpoint, and every evaluation of one, has the
 statistics of its own weights: the moving averages trail weights that change fast under a high
-learning rate, and on Fashion-MNIST evaluations mid-run read 20-70 % where the same weights with
-precise statistics read near their training accuracy (docs/training.md). Training itself uses
+learning rate, and on Fashion-MNIST evaluations mid-run read far below the same weights with
+precise statistics (docs/training.md, "Batch-norm decay"). Training itself uses
 batch statistics and never reads the moving ones, so it is unchanged.
 
 The hook (``CheckpointHook``) is also the chief's checkpoint hook of an asynchronous cluster,
