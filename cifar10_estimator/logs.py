@@ -14,6 +14,8 @@ call ``import_tensorflow_quietly`` before anything imports TensorFlow, and ``set
   one still appears, so a reworded template fails the suite instead of vanishing.
 
 ``--verbose`` shows everything. Library code never calls these: they change process-wide state.
+``setup_logging`` returns what undoes its changes, for ``train.run`` called from another
+program.
 """
 
 import contextlib
@@ -21,7 +23,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 CPP_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"  # read by TensorFlow's C++ once, when it loads
@@ -78,21 +80,46 @@ class _QuietFilter(logging.Filter):
 _DATASET_OPTIONS_WARNING = "To make it possible to preserve tf.data options"
 
 
-def setup_logging(verbose: bool) -> None:
-    """Timestamped lines on stderr: ours and TensorFlow's progress lines, without its noise."""
+def setup_logging(verbose: bool) -> Callable[[], None]:
+    """Timestamped lines on stderr: ours and TensorFlow's progress lines, without its noise.
+
+    Returns a function that puts the two loggers (handlers, level, propagation), and the
+    warning filter it added, back as they were."""
     if not verbose:
         import_tensorflow_quietly()
+    import tensorflow as tf
+
+    # TensorFlow sets its logger up once, on first use (a handler of its own when the root
+    # logger has none): that is part of loading TensorFlow, so it comes before the snapshot.
+    tf.get_logger()
+    loggers = [logging.getLogger(name) for name in ("tensorflow", "cifar10_estimator")]
+    saved = [(logger, logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    filters_before = list(warnings.filters)
+    if not verbose:
         warnings.filterwarnings("ignore", message=_DATASET_OPTIONS_WARNING,
                                 category=UserWarning)
-    import tensorflow as tf
+    added = [f for f in warnings.filters if f not in filters_before]
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     if not verbose:
         handler.addFilter(_QuietFilter())
-    for name in ("tensorflow", "cifar10_estimator"):
-        logger = logging.getLogger(name)
+    for logger in loggers:
         logger.handlers[:] = [handler]
         logger.setLevel(logging.INFO)
         logger.propagate = False
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)  # the tensorflow logger's
+
+    def restore() -> None:
+        for logger, handlers, level, propagate in saved:
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+        handler.flush()
+        handler.close()
+        for item in added:
+            if item in warnings.filters:
+                warnings.filters.remove(item)
+        # What filterwarnings itself calls after a change: the cached decisions are stale.
+        getattr(warnings, "_filters_mutated", lambda: None)()
+    return restore

@@ -1,13 +1,23 @@
-"""The trainer command: ``python -m cifar10_estimator`` (``cifar10-train``).
+"""The trainer command: ``python -m cifar10_estimator`` (``cifar10-train``), and ``run``, its
+entry point for other programs.
 
 Flags (``config.flags``) -> ``TrainConfig`` -> ``training.driver.train_and_evaluate`` -> the
 run summary. It does the process-level set-up a library must not do: oneDNN on and
 TensorFlow's log level before TensorFlow loads (``platform.process``), a readable log
 (``logs``), the CPU as oneDNN sees it, the user's cache folder for the precision probes,
 SIGTERM and SIGINT handled as a preemption (``training.preemption``: save, exit 143 or 130),
-and one-line errors with exit status 2 for user mistakes (``errors.run_cli``).
+and one-line errors with exit status 2 for user mistakes (``errors.run_cli``, in ``main``).
+
+``run`` is what ``main`` runs and what another program calls (from any thread: Ray Train calls
+from a worker thread). It returns the result or raises, and undoes its set-up when it returns:
+the environment variables, the log's handlers and levels, the warning filter and the signal
+handlers are as it found them. It installs signal handlers only on the main thread. What stays
+is what cannot be undone in a process: TensorFlow loaded with the settings it read then (oneDNN
+on), TensorFlow's runtime configured once (``--num-cpu-towers`` devices), and, with a
+multi-worker strategy, TensorFlow's own SIGTERM handler (docs/training.md, "From Python").
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -18,33 +28,53 @@ from cifar10_estimator import logs
 from cifar10_estimator.errors import run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.platform import cpu
-from cifar10_estimator.platform.process import prepare_process
+from cifar10_estimator.platform.process import prepare_process, restore_process
 
 log = logging.getLogger("cifar10_estimator")
 
 
-def run(argv: Optional[Sequence[str]] = None):
-    """Parses ``argv``, sets up the process and trains; returns the ``TrainResult``.
+def run(argv: Optional[Sequence[str]] = None, *, handle_signals: bool = True):
+    """Trains as ``python -m cifar10_estimator argv`` does; returns the ``TrainResult``
+    (``eval_metrics``, ``export_path``, ``report_path``, ``steps_trained``, ``role``).
 
-    Raises UserError for user mistakes (``main`` prints them as one line).
+    ``handle_signals``: on the main thread, SIGTERM and SIGINT save the current step and stop
+    the run (``errors.Stopped``, or the process ends with 128 + the signal outside a training
+    session); off the main thread, or with False, no handler is installed and the caller's
+    stay in charge.
+
+    Raises:
+      UserError: a user's mistake (``main`` prints it as one line, exit status 2).
+      errors.Stopped: a signal stopped the run after saving (handlers installed only).
+      SystemExit: from argparse, for a flag it refuses (status 2, its line printed) and for
+        --help and --version (status 0).
     """
     config, verbose = flags.parse(argv)
-    prepare_process(os.environ)  # before TensorFlow loads
-    logs.setup_logging(verbose)
+    with contextlib.ExitStack() as undo:
+        set_env = prepare_process(os.environ)  # before TensorFlow loads
+        undo.callback(restore_process, os.environ, set_env)
+        undo.callback(logs.setup_logging(verbose))
+        return _train(config, handle_signals, undo)
+
+
+def _train(config, handle_signals: bool, undo: contextlib.ExitStack):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
     from cifar10_estimator.evaluation import report
-    from cifar10_estimator.training.preemption import Preemption
+    from cifar10_estimator.training.preemption import Preemption, on_main_thread
 
     started = time.monotonic()
-    preemption = Preemption().install()  # SIGTERM/SIGINT: save, say so, exit 128 + signal
+    preemption = Preemption()
+    if handle_signals and on_main_thread():
+        preemption.install()  # SIGTERM/SIGINT: save, say so, exit 128 + signal
+        undo.callback(preemption.restore)  # for callers that go on (the demo, the tests)
+    else:
+        log.info("SIGTERM and SIGINT are the caller's to handle: this run installs no signal "
+                 "handlers (%s)", "not on the main thread" if handle_signals
+                 else "handle_signals=False")
     cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
-    try:
-        result = driver.train_and_evaluate(
-            config, cpu_info, preemption,
-            precision_cache.cache_folder(os.environ, os.path.expanduser("~")))
-    finally:
-        preemption.restore()  # for callers that go on (the demo, the tests)
+    result = driver.train_and_evaluate(
+        config, cpu_info, preemption,
+        precision_cache.cache_folder(os.environ, os.path.expanduser("~")))
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

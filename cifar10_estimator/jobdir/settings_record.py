@@ -10,6 +10,14 @@ a finished run trains longer, except under a schedule that spans the whole run (
 one-cycle), whose length is recorded: a longer run would change its learning rate mid-run. A deliberate change is made with ``--change-settings`` on the
 chief, which records the new values (and logs what changed).
 
+A record written before a setting existed lacks it. That older version trained with the
+setting's own default (``config/settings.py``): a setting is added with a default that keeps
+what the package did before, and a model's or recipe's overlay of it (``config/overlays``)
+cannot be older than the setting itself. So a missing setting is read as that default (one log
+line says so), and a rerun that changes it is refused like any recorded setting. (A setting
+that existed unrecorded, under an overlay, and became recorded later would need its own rule
+here: none has.)
+
 The file is JSON with one flag per line, for people as much as for the package.
 """
 
@@ -52,7 +60,26 @@ def run_settings(config: TrainConfig, dataset: str, num_classes: int,
 
 
 def read(job_dir: str) -> Optional[dict]:
-    """The recorded settings of ``job_dir``, or None if there are none yet."""
+    """The recorded settings of ``job_dir``, or None if there are none yet; a setting the
+    record predates at its default (``with_defaults``)."""
+    recorded = _read_written(job_dir)
+    return None if recorded is None else with_defaults(recorded)[0]
+
+
+def with_defaults(recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``recorded`` with every recorded setting it lacks (it was written before the setting
+    existed) at the setting's own default, the value that older version trained with; and the
+    names of those settings."""
+    missing = [name for name in RUN_FIELDS if name not in recorded]
+    filled = dict(recorded)
+    for name in missing:
+        default = _FIELDS[name].default
+        filled[name] = list(default) if isinstance(default, tuple) else default
+    return filled, missing
+
+
+def _read_written(job_dir: str) -> Optional[dict]:
+    """The settings as the file holds them, or None if there is no file yet."""
     path = storage.join(job_dir, RECORD_FILE)
     try:
         body = storage.read_json(path)
@@ -163,17 +190,23 @@ def check(job_dir: str, current: Mapping[str, Any], *, is_chief: bool,
     Raises:
       UserError: the settings differ (one line naming each flag), or the record is unreadable.
     """
-    recorded = read(job_dir)
+    written = _read_written(job_dir)
     path = os.path.join(job_dir, RECORD_FILE)
-    if recorded is None:
+    if written is None:
         if is_chief:
             write(job_dir, current)
             log.info("recorded this run's settings in %s", path)
         return
+    recorded, predates = with_defaults(written)
+    for name in predates:
+        log.info("%s was written before %s existed: taking its default, %s", RECORD_FILE,
+                 flag(name), shown(recorded[name]))
     changed = differences(recorded, current)
     if not changed:
+        # A setting this version records and an older one did not: recorded now (a setting
+        # the record predates, at the default it was read as).
         missing = {k: v for k, v in current.items() if k not in recorded}
-        if missing and is_chief:  # a setting this version records and an older one did not
+        if (missing or predates) and is_chief:
             write(job_dir, {**recorded, **missing})
         return
     if change and is_chief:

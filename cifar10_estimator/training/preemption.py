@@ -18,14 +18,17 @@ and then SIGKILL. A ``Preemption`` installed for the task turns the first SIGTER
 The first signal also restores the signals' default action, so a second one ends the process
 at once, even in the middle of the save. The task then exits with status 128 + the signal's
 number (143 for SIGTERM), which Kubernetes' ``ExitCode`` restart policy and the local cluster
-launcher take for a restartable stop. ``install`` changes process-wide state: only commands call
-it, from the main thread.
+launcher take for a restartable stop. ``install`` changes process-wide state: only the trainer's
+entry point calls it, and only on the main thread (Python delivers signals there, and
+``signal.signal`` works nowhere else); ``restore`` puts the handlers back when it returns. A
+``Preemption`` that is not installed handles nothing: the caller's handlers stay in charge.
 """
 
 import logging
 import os
 import signal
 import sys
+import threading
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -34,6 +37,11 @@ from cifar10_estimator.errors import Stopped
 from cifar10_estimator.model.checkpoints import checkpoint_step
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def on_main_thread() -> bool:
+    """Whether this thread may install signal handlers (Python's main thread only)."""
+    return threading.current_thread() is threading.main_thread()
 
 
 class Preemption:
@@ -71,9 +79,14 @@ class Preemption:
                 signal.siginterrupt(signum, False)
 
     def restore(self) -> None:
-        """Puts back the handlers ``install`` replaced (a command that returns to a caller)."""
+        """Puts back the handlers ``install`` replaced (a command that returns to a caller).
+
+        Putting a handler back also clears the SA_RESTART that ``install`` set, as it was
+        before. A handler installed outside Python (``signal.signal`` returned None for it)
+        cannot be put back from Python: the default action takes its place, rather than a
+        handler that would end the caller's process."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         self._previous = {}
 
     def _on_signal(self, signum: int, frame) -> None:

@@ -1,0 +1,143 @@
+"""A job dir recorded before a setting existed: the setting is read as its default, which a
+rerun may keep (it is then recorded) and may not change (refused like any recorded setting)."""
+
+import dataclasses
+import json
+import logging
+
+import pytest
+
+from cifar10_estimator import train
+from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.jobdir import settings_record
+from trainer_fixtures import trainer_args
+
+
+@pytest.fixture
+def package_log():
+    """The package's log lines, whatever handlers other tests left on its logger."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("cifar10_estimator")
+    handler, level = Collect(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def current(**changed) -> dict:
+    return settings_record.run_settings(dataclasses.replace(TrainConfig(), **changed),
+                                        "cifar10", 10)
+
+
+def record_without(job_dir, *names: str) -> None:
+    """A record as an older version wrote it: this version's, less ``names``."""
+    settings = current()
+    for name in names:
+        del settings[name]
+    settings_record.write(str(job_dir), settings)
+
+
+def written(job_dir) -> dict:
+    return json.loads((job_dir / settings_record.RECORD_FILE).read_text())["settings"]
+
+
+def test_a_setting_the_record_predates_is_its_default_and_is_recorded(tmp_path, package_log):
+    record_without(tmp_path, "test_time_mirror", "lr_boundary_epochs")
+    settings_record.check(str(tmp_path), current(), is_chief=True)
+    assert package_log == [
+        "settings.json was written before --lr-boundary-epochs existed: taking its default, "
+        "82,123,300",
+        "settings.json was written before --test-time-mirror existed: taking its default, "
+        "false"]
+    assert written(tmp_path) == current()  # recorded now, at the default
+    package_log.clear()
+    settings_record.check(str(tmp_path), current(), is_chief=True)
+    assert package_log == []  # said once: the record holds them now
+
+
+def test_changing_a_setting_the_record_predates_is_refused_in_one_line(tmp_path):
+    record_without(tmp_path, "test_time_mirror")
+    before = written(tmp_path)
+    for is_chief, how in [(True, "rerun with the recorded values, use a new --job-dir, or add "
+                                 "--change-settings to change them on purpose"),
+                          (False, "start this task with the same flags as the chief")]:
+        with pytest.raises(UserError) as refused:
+            settings_record.check(str(tmp_path), current(test_time_mirror=True),
+                                  is_chief=is_chief)
+        assert str(refused.value) == (
+            f"--job-dir {tmp_path} was trained with other settings (settings.json): "
+            f"--test-time-mirror false (now true); {how}")
+    assert written(tmp_path) == before  # nothing recorded
+
+
+def test_a_worker_reads_the_default_and_records_nothing(tmp_path, package_log):
+    record_without(tmp_path, "test_time_mirror")
+    before = written(tmp_path)
+    settings_record.check(str(tmp_path), current(), is_chief=False)
+    assert written(tmp_path) == before
+    assert package_log == ["settings.json was written before --test-time-mirror existed: "
+                           "taking its default, false"]
+
+
+def test_change_settings_records_a_new_value_of_a_setting_the_record_predates(tmp_path):
+    record_without(tmp_path, "test_time_mirror")
+    settings_record.check(str(tmp_path), current(test_time_mirror=True), is_chief=True,
+                          change=True)
+    assert written(tmp_path)["test_time_mirror"] is True
+
+
+def test_readers_see_the_default_of_a_setting_the_record_predates(tmp_path):
+    # What the trainer's precision `auto` follows and what `evaluate` builds the network from.
+    record_without(tmp_path, "precision", "test_time_mirror")
+    recorded = settings_record.read(str(tmp_path))
+    assert recorded["precision"] == "fp32" and recorded["test_time_mirror"] is False
+    assert recorded == current()
+
+
+def test_the_default_is_the_fields_own_not_a_recipe_or_model_overlay(tmp_path):
+    # The fast recipe turns nesterov on, the tutorial CNN sets its own weight decay: neither
+    # overlay existed before the setting did, so an older record trained with the field's own.
+    record_without(tmp_path, "nesterov", "weight_decay")
+    recorded = settings_record.read(str(tmp_path))
+    assert recorded["nesterov"] is False and recorded["weight_decay"] == 0.0002
+
+
+@pytest.mark.slow
+def test_a_real_job_dir_recorded_before_test_time_mirror_existed(tiny_records, tmp_path,
+                                                                 capsys):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+
+    def run(*flags: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = train.main(trainer_args(data_dir, job_dir, *flags))
+        return code, capsys.readouterr().err
+
+    code, err = run("--train-steps", "2", "--eval-throttle-secs", "100000")
+    assert code == 0, err[-3000:]
+    path = job_dir / settings_record.RECORD_FILE
+    body = json.loads(path.read_text())
+    del body["settings"]["test_time_mirror"]
+    path.write_text(json.dumps(body, indent=2))
+
+    code, err = run("--train-steps", "3", "--test-time-mirror")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        f"cifar10_estimator: error: --job-dir {job_dir} was trained with other settings "
+        f"(settings.json): --test-time-mirror false (now true); rerun with the recorded "
+        f"values, use a new --job-dir, or add --change-settings to change them on purpose")
+    assert "test_time_mirror" not in written(job_dir)
+
+    code, err = run("--train-steps", "3", "--eval-throttle-secs", "100000")
+    assert code == 0, err[-3000:]
+    assert ("settings.json was written before --test-time-mirror existed: taking its default, "
+            "false") in err
+    assert written(job_dir)["test_time_mirror"] is False
