@@ -110,6 +110,13 @@ _ALLOWED = {GRAPH: frozenset(SERVING_OPS), SERVING: frozenset(SERVING_OPS),
             SAVE: frozenset(SERVING_OPS + SAVE_OPS),
             RESTORE: frozenset(SERVING_OPS + RESTORE_OPS)}
 _CHECKPOINT_FILE_OPS = ("MergeV2Checkpoints", "RestoreV2", "SaveV2")
+# Ops that act outside the model (files, Python, the log): a refusal names one of these before
+# any other op the allow-lists lack, so the line says what the SavedModel would do (an If on
+# a RandomUniform hiding a WriteFile is refused for the WriteFile).
+_OUTSIDE_OPS = frozenset(("WriteFile", "ReadFile", "MatchingFiles", "Save", "SaveSlices",
+                          "SaveV2", "Restore", "RestoreSlice", "RestoreV2",
+                          "MergeV2Checkpoints", "PyFunc", "PyFuncStateless", "EagerPyFunc",
+                          "Print", "PrintV2"))
 _SHOWN_CHARS = 80  # a name from the file is shown up to this long, so the refusal stays short
 
 
@@ -234,10 +241,12 @@ def _check_ops(path: str, meta_graph) -> None:
     bad = [use for use in op_uses(meta_graph) if use.op not in _ALLOWED[use.role]]
     if not bad:
         return
-    # The refusal names the worst: an op none of our exports has, else a checkpoint op that
-    # reads or writes files, else the saver's other ops (a saver function a signature calls
-    # holds all three kinds).
-    use = min(bad, key=lambda u: (u.op in SAVE_OPS or u.op in RESTORE_OPS,
+    # The refusal names the worst: an op that acts outside the model, one none of our exports
+    # has before the saver's; else any other op none of our exports has; else a checkpoint op
+    # that reads or writes files, else the saver's other ops (a saver function a signature
+    # calls holds all three kinds).
+    use = min(bad, key=lambda u: (u.op not in _OUTSIDE_OPS,
+                                  u.op in SAVE_OPS or u.op in RESTORE_OPS,
                                   u.op not in _CHECKPOINT_FILE_OPS))
     where = "in its graph" if use.function is None else f"in the function {_shown(use.function)}"
     if use.op in SAVE_OPS or use.op in RESTORE_OPS:
