@@ -80,6 +80,7 @@ from cifar10_estimator.data import metadata
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import import_tensorflow_quietly
 from cifar10_estimator.platform import cpu
+from cifar10_estimator.platform.process import prepare_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASES = ("paper", "fast", "keras", "tutorial")
@@ -151,7 +152,7 @@ EVAL_BATCH_SIZE = 100  # the trainer's --eval-batch-size default; 10,000 test pi
 # The trainer's evaluation lines (evaluation/report.py evaluation_line; train.py logs the last
 # one again as "final evaluation at step N: ..."). 4 significant digits (0.8712, 1, 0.1).
 EVALUATION = re.compile(r"\bevaluation at step (\d+): accuracy = ([0-9.]+(?:e-?\d+)?)")
-# The trainer's line about the data (training/task.py): "... 60000 train records, 468 steps
+# The trainer's line about the data (distributed/start.py): "... 60000 train records, 468 steps
 # per epoch, ..."; the Keras run prints the same words.
 STEPS_PER_EPOCH = re.compile(r"\b(\d+) train records, (\d+) steps per epoch")
 FAILED_OUTPUT_CHARS = 3000
@@ -346,7 +347,7 @@ def train_keras(args) -> int:
     """Trains our ResNet with Keras' ``model.fit`` and the paper recipe; prints the trainer's
     data line and a trainer-style evaluation line per evaluation, which the parent reads."""
     expected = keras_resnet.expected_params(args.depth)
-    cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as our command lines do (cpu.py)
+    prepare_process(os.environ)  # before TensorFlow loads, as our command lines do
     import_tensorflow_quietly()  # without its load-time C++ lines, as the trainer
     import tensorflow as tf
 

@@ -157,7 +157,7 @@ def run_once(args, key: str, data_dir: str, work: str) -> tuple[float, float, in
         names = ["chief"]
     else:
         tasks = launcher.plan(num_workers=trainers, num_ps=num_ps, evaluator=False)
-        if launcher.Cluster(tasks, flags, out=recorder).run(timeout_secs=7200) != 0:
+        if launcher.Cluster(tasks, flags, os.environ, out=recorder).run(timeout_secs=7200) != 0:
             raise RuntimeError("the cluster failed:\n" + "\n".join(
                 line for _, line in recorder.lines[-40:]))
         names = ["chief"] + [f"worker{i}" for i in range(trainers - 1)]

@@ -30,8 +30,10 @@ t_import = time.perf_counter()
 from cifar10_estimator.data import schema
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.model.model_fn import make_model_fn
-from cifar10_estimator.training import task
+from cifar10_estimator.config import plan
 from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.model.model_fn import ModelSettings
+from cifar10_estimator.platform.session import session_config
 
 data_dir, job_dir, depth, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 stamps = {}
@@ -46,9 +48,12 @@ class Stamp(tf.estimator.SessionRunHook):
 
 config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=depth,
                      precision=extra[0] if extra else "fp32")
-rc = task.run_config(config)
-settings = task.model_settings(config, 1, True, Cifar10DataSet(data_dir, "train").num_examples(),
-                                 schema.CLASS_NAMES)
+rc = tf.estimator.RunConfig(model_dir=job_dir, session_config=session_config(config),
+                            checkpoint_save_graph_def=False, log_step_count_steps=None)
+settings = ModelSettings.of(plan.resolve(
+    config, plan.Role(), dataset="cifar10", class_names=schema.CLASS_NAMES,
+    train_records=Cifar10DataSet(data_dir, "train").num_examples(),
+    precision=config.precision))
 estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
 t_begin = time.perf_counter()
 estimator.train(lambda: Cifar10DataSet(data_dir, "train").make_batch(128), max_steps=1,

@@ -112,7 +112,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
                                       os.getegid())
     try:
         tasks = plan(args.num_workers, num_ps, args.evaluator, args.host, network)
-        cluster = Cluster(tasks, trainer_args, out=out, network=network)
+        cluster = Cluster(tasks, trainer_args, os.environ, out=out, network=network)
         # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
         return cluster.run(args.timeout_secs)

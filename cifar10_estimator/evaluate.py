@@ -61,7 +61,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
 
     from cifar10_estimator.data import metadata
     from cifar10_estimator.evaluation import offline
-    from cifar10_estimator.platform import precision, precision_cache, precision_probe
+    from cifar10_estimator.config.plan import DTYPES
+    from cifar10_estimator.platform import precision_cache, precision_probe
     from cifar10_estimator.evaluation import report
 
     info = metadata.dataset_info(args.data_dir)
@@ -75,7 +76,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         # result line names a dtype other than float32.
         choice = precision_probe.serving_choice("auto", trained, settings, cpu_info,
                                                 cpu.onednn_enabled(), cache)
-        return precision.DTYPES[choice.precision]
+        return DTYPES[choice.precision]
 
     model = offline.load(args.model, args.checkpoint, info.class_names, compute_dtype,
                          trusted=args.trust_export)

@@ -44,12 +44,10 @@ def _native_stderr_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
-def import_tensorflow_quietly(cpp_level: str = "2") -> None:
-    """Imports TensorFlow without its load-time C++ noise; keeps a level the user set.
-
-    ``TF_CPP_MIN_LOG_LEVEL`` is read once, when TensorFlow loads, so it must be set first.
-    """
-    os.environ.setdefault(CPP_LOG_LEVEL_ENV, cpp_level)
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow without its load-time C++ noise on stderr. The level of its C++ log
+    (``CPP_LOG_LEVEL_ENV``) is read once, when it loads: the command sets it first
+    (``platform.process.prepare_process``)."""
     if "tensorflow" not in sys.modules:
         with _native_stderr_silenced():
             import tensorflow  # noqa: F401

@@ -22,20 +22,28 @@ import logging
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from cifar10_estimator import logs
 from cifar10_estimator.errors import run_cli
-from cifar10_estimator.config import flags
+from cifar10_estimator.config import checks, flags, overlays
+from cifar10_estimator.distributed import roles
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process, restore_process
 
 log = logging.getLogger("cifar10_estimator")
 
+TF_CONFIG_ENV = "TF_CONFIG"
 
-def run(argv: Optional[Sequence[str]] = None, *, handle_signals: bool = True):
+
+def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
+        handle_signals: bool = True):
     """Trains as ``python -m cifar10_estimator argv`` does; returns the ``TrainResult``
     (``eval_metrics``, ``export_path``, ``report_path``, ``steps_trained``, ``role``).
+
+    ``argv`` is the command line's arguments, or the settings as a mapping of field names to
+    values (``{"data_dir": "data", "job_dir": "job", "num_layers": 20}``), which take the
+    same road as the flags (``flags.to_argv``).
 
     ``handle_signals``: on the main thread, SIGTERM and SIGINT save the current step and stop
     the run (``errors.Stopped``, or the process ends with 128 + the signal outside a training
@@ -48,17 +56,25 @@ def run(argv: Optional[Sequence[str]] = None, *, handle_signals: bool = True):
       SystemExit: from argparse, for a flag it refuses (status 2, its line printed) and for
         --help and --version (status 0).
     """
+    if isinstance(argv, Mapping):
+        argv = flags.to_argv(argv)
     config, verbose = flags.parse(argv)
+    # The one read of TF_CONFIG: the role is checked, with the settings, before TensorFlow
+    # loads. (Estimator and TensorFlow's strategies read the same variable themselves.)
+    role = roles.parse(os.environ.get(TF_CONFIG_ENV))
+    checks.validate(config, needs_data=role.task_type != "ps")
+    roles.check_strategy(config, role)
     with contextlib.ExitStack() as undo:
         set_env = prepare_process(os.environ)  # before TensorFlow loads
         undo.callback(restore_process, os.environ, set_env)
         undo.callback(logs.setup_logging(verbose))
-        return _train(config, handle_signals, undo)
+        return _train(config, role, handle_signals, undo)
 
 
-def _train(config, handle_signals: bool, undo: contextlib.ExitStack):
+def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
+    from cifar10_estimator.platform.precision_probe import Machine
     from cifar10_estimator.evaluation import report
     from cifar10_estimator.training.preemption import Preemption, on_main_thread
 
@@ -72,9 +88,13 @@ def _train(config, handle_signals: bool, undo: contextlib.ExitStack):
                  "handlers (%s)", "not on the main thread" if handle_signals
                  else "handle_signals=False")
     cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
-    result = driver.train_and_evaluate(
-        config, cpu_info, preemption,
-        precision_cache.cache_folder(os.environ, os.path.expanduser("~")))
+    import tensorflow as tf
+
+    machine = Machine(cpu_info, cpu.onednn_enabled(), precision_cache.PrecisionCache(
+        precision_cache.cache_folder(os.environ, os.path.expanduser("~")), tf.__version__))
+    if role.task_type != "ps":
+        log.info(overlays.describe(config))
+    result = driver.train_and_evaluate(config, role, machine, preemption)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

@@ -81,12 +81,12 @@ def test_training_records_are_sharded_so_workers_read_disjoint_records(tiny_reco
 def test_what_a_strategy_cannot_do_is_refused_with_one_line(extra, message):
     config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", *extra])
     with pytest.raises(UserError, match="^" + re.escape(message)):
-        checks.validate(config, num_visible_gpus=0)
+        checks.validate(config)
 
 
 def test_a_multi_worker_job_leaves_precise_batch_norm_off_by_default():
     config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", *ALL_REDUCE])
-    checks.validate(config, num_visible_gpus=0)
+    checks.validate(config)
     assert config.precise_bn_batches == 0
     assert flags.parse(["--distribution-strategy", "mirrored"])[0].precise_bn_batches == 50
 
@@ -260,4 +260,4 @@ def test_the_all_reduce_manifest_is_a_tfjob_of_chief_workers_and_evaluator_only(
         args = parser.parse_args(container["args"])
         assert args.distribution_strategy == "multi-worker-mirrored"
         config, _ = flags.parse(container["args"])
-        checks.validate(config, num_visible_gpus=0)
+        checks.validate(config)

@@ -87,3 +87,38 @@ def test_the_layers_exist_and_commands_sit_on_top():
     assert {m.split(".")[1] for m in MODULES if m.count(".") >= 2} == set(SUBPACKAGES)
     for command in ("train", "generate", "predict", "demo", "cluster", "__main__"):
         assert f"{PACKAGE}.{command}" in MODULES
+
+
+def _named_modules(module: str) -> set[str]:
+    """The package modules an import in ``module`` names (``from pkg import a, b``: a and b)."""
+    named = set()
+    for node in ast.walk(ast.parse(open(MODULES[module]).read())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                named.add(full if full in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            named.update(a.name for a in node.names if a.name.startswith(f"{PACKAGE}."))
+    return named
+
+
+def test_the_module_that_runs_train_and_evaluate_imports_at_most_twelve_of_ours():
+    # training/ is the training loop: roles, waits, the lock, the plan, "already finished",
+    # the report and the export live below it (docs/architecture.md).
+    named = _named_modules(f"{PACKAGE}.training.driver")
+    assert len(named) <= 12, sorted(named)
+
+
+LIBRARY = sorted(m for m in MODULES if _layer(m) < COMMAND_LAYER)
+
+
+@pytest.mark.parametrize("module", LIBRARY)
+def test_no_library_module_reads_the_environment(module):
+    # The commands read the environment and pass values down (docs/architecture.md).
+    for node in ast.walk(ast.parse(open(MODULES[module]).read())):
+        read = (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "os" and node.attr in ("environ", "environb", "getenv",
+                                                            "putenv", "unsetenv"))
+        imported = (isinstance(node, ast.ImportFrom) and node.module == "os"
+                    and any(a.name in ("environ", "getenv") for a in node.names))
+        assert not (read or imported), f"{module} line {node.lineno} reads the environment"

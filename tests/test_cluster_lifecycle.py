@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.training import task
 from cifar10_estimator.distributed import evaluator, launcher
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from trainer_fixtures import checkpoint_step, trainer_args
@@ -185,8 +184,13 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
 
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          train_batch_size=8, eval_batch_size=8)
-    settings = task.model_settings(config, 1, False, 96, schema.CLASS_NAMES)
-    from cifar10_estimator.model.model_fn import make_model_fn
+    from cifar10_estimator.config import plan
+    from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
+
+    evaluator_role = plan.Role("evaluator", 0, {"chief": ("127.0.0.1:1",), "evaluator": ("127.0.0.1:2",)})
+    settings = ModelSettings.of(plan.resolve(config, evaluator_role, dataset="cifar10",
+                                             class_names=schema.CLASS_NAMES, train_records=96,
+                                             precision="fp32"))
 
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
     metrics = evaluator.evaluate_checkpoints(estimator, input_fn, train_steps=4,

@@ -65,7 +65,7 @@ def test_every_value_a_recipe_or_model_sets_is_a_setting_and_the_recipe_line_sho
 def test_a_value_out_of_its_range_is_one_line_naming_the_flag(flag, value, wording):
     config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", flag, value])
     with pytest.raises(UserError) as raised:
-        checks.validate(config, num_visible_gpus=0)
+        checks.validate(config)
     assert str(raised.value) == f"{flag} must be {wording}, got {value}"
 
 

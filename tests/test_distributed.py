@@ -6,6 +6,7 @@ TF_CONFIG values. The tasks' logs are the evidence: each trainer logs how many s
 itself, the parameter server logs which trainers reported, the evaluator logs each evaluation.
 """
 
+import dataclasses
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.data import schema
-from cifar10_estimator.training.task import model_settings
+from cifar10_estimator.config import plan
 from cifar10_estimator.distributed import launcher
 from cifar10_estimator.config.settings import TrainConfig
 from trainer_fixtures import checkpoint_step, run_cluster, trainer_args
@@ -334,8 +335,19 @@ def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
     async_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8)
     sync_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8, sync=True)
     # 96 records: 12 batches of 8. Async: one batch per global step, whatever the workers.
-    names = schema.CLASS_NAMES
-    assert model_settings(async_config, 2, True, 96, names).steps_per_epoch == 12
+    two = {"chief": ("h:1",), "worker": ("h:2",), "ps": ("h:3",)}
+
+    def resolve(config, role):
+        return plan.resolve(config, role, dataset="cifar10", class_names=schema.CLASS_NAMES,
+                            train_records=96, precision="fp32")
+
+    chief, evaluator = plan.Role("chief", 0, two), plan.Role("evaluator", 0, two)
+    assert resolve(async_config, chief).steps_per_epoch == 12
+    assert resolve(async_config, chief).global_batch == 8
     # Sync with 2 workers: each global step consumes 2 batches.
-    assert model_settings(sync_config, 2, True, 96, names).steps_per_epoch == 6
-    assert model_settings(sync_config, 1, True, 96, names).steps_per_epoch == 12
+    assert resolve(sync_config, chief).steps_per_epoch == 6
+    assert resolve(sync_config, chief).global_batch == 16
+    assert resolve(sync_config, plan.Role()).steps_per_epoch == 12
+    # The evaluator counts the cluster's workers too: it waits for the chief's last step.
+    epochs = dataclasses.replace(sync_config, train_epochs=2.0)
+    assert resolve(epochs, evaluator).train_steps == resolve(epochs, chief).train_steps == 12

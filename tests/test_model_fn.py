@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator.config.settings import ModelParams, global_batch
+from cifar10_estimator.config.plan import global_batch
+from cifar10_estimator.config.settings import ModelParams, TrainConfig
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import model_fn, schedules
 
@@ -84,8 +85,8 @@ def test_the_peak_scales_linearly_with_the_global_batch_when_a_reference_batch_i
     assert _rates(ModelParams(learning_rate=0.1), (0,), global_batch=512) == [
         pytest.approx(0.1)]
     # With --sync the global batch is every worker's; asynchronously one worker's.
-    assert global_batch(ModelParams(train_batch_size=64, sync=True), 4) == 256
-    assert global_batch(ModelParams(train_batch_size=64), 4) == 64
+    assert global_batch(TrainConfig(train_batch_size=64, sync=True), 4) == 256
+    assert global_batch(TrainConfig(train_batch_size=64), 4) == 64
 
 
 def test_warm_up_rises_linearly_to_the_peak_then_the_schedule_runs():

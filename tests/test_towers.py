@@ -4,13 +4,14 @@ import numpy as np
 import tensorflow as tf
 
 from cifar10_estimator.model import model_fn, towers
+from cifar10_estimator.config import plan
 from cifar10_estimator.config.settings import ModelParams
 
 
 def test_tower_devices():
-    assert towers.tower_devices(2) == ["/gpu:0", "/gpu:1"]
-    assert towers.tower_devices(0) == ["/cpu:0"]
-    assert towers.tower_devices(0, 3) == ["/cpu:0", "/cpu:1", "/cpu:2"]
+    assert plan.tower_devices(2) == ("/gpu:0", "/gpu:1")
+    assert plan.tower_devices(0) == ("/cpu:0",)
+    assert plan.tower_devices(0, 3) == ("/cpu:0", "/cpu:1", "/cpu:2")
 
 
 def test_greedy_placement_balances_bytes_from_shape_and_dtype():

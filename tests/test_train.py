@@ -13,7 +13,7 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
 from cifar10_estimator.config import overlays
-from cifar10_estimator.training import task
+from cifar10_estimator.config import plan
 from cifar10_estimator.config.settings import TrainConfig
 from trainer_fixtures import checkpoint_step, run_module, trainer_args
 
@@ -54,8 +54,10 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     images = images_chw[:6].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
-    settings = task.model_settings(config, 1, True, 96, schema.CLASS_NAMES)
-    from cifar10_estimator.model.model_fn import make_model_fn
+    from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
+    settings = ModelSettings.of(plan.resolve(config, plan.Role(), dataset="cifar10",
+                                             class_names=schema.CLASS_NAMES, train_records=96,
+                                             precision="fp32"))
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
     expected = np.stack([p["probabilities"] for p in estimator.predict(
         lambda: tf.data.Dataset.from_tensor_slices({"image": images}).batch(6))])

@@ -82,10 +82,7 @@ def _check_strategy(config: TrainConfig) -> None:
                         "to 0, or use --distribution-strategy towers or mirrored")
 
 
-def _check_devices(config: TrainConfig, num_visible_gpus: int, onednn_enabled: bool) -> None:
-    if config.num_gpus > 0 and num_visible_gpus < config.num_gpus:
-        raise UserError(f"--num-gpus {config.num_gpus} requested but TensorFlow sees "
-                        f"{num_visible_gpus} GPU(s); use --num-gpus {num_visible_gpus}")
+def _check_devices(config: TrainConfig) -> None:
     if config.num_gpus > 0 and config.num_cpu_towers != 1:
         raise UserError("--num-cpu-towers applies only with --num-gpus 0")
     if config.variable_strategy == "GPU" and config.num_gpus == 0:
@@ -95,29 +92,20 @@ def _check_devices(config: TrainConfig, num_visible_gpus: int, onednn_enabled: b
         raise UserError("--data-format channels_first: the tutorial CNN computes in "
                         "channels_last only (TensorFlow's local response normalisation has no "
                         "other layout); leave --data-format unset")
-    if (config.num_gpus == 0 and config.resolved_data_format() == "channels_first"
-            and not onednn_enabled):
-        # TF 2.15's Eigen CPU kernels have no NCHW pooling ("Default AvgPoolingOp only
-        # supports NHWC on device type CPU"); its oneDNN kernels do.
-        raise UserError("--data-format channels_first on a CPU needs TensorFlow's oneDNN "
-                        "kernels, which are off in this process; set TF_ENABLE_ONEDNN_OPTS=1 "
-                        "(or unset it) or use --data-format channels_last")
     for name in ("train_batch_size", "eval_batch_size"):
         if getattr(config, name) % config.num_towers:
             raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "
                             f"{config.num_towers} towers; use a multiple of {config.num_towers}")
 
 
-def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True,
-             onednn_enabled: bool = True) -> None:
-    """Raises UserError naming the flag for every invalid setting or combination.
+def validate(config: TrainConfig, needs_data: bool = True) -> None:
+    """Raises UserError naming the flag for every invalid setting or combination that the
+    settings alone decide; the trainer runs it before TensorFlow loads (``validate_machine``
+    checks the rest, after).
 
     Args:
       config: the settings.
-      num_visible_gpus: GPUs TensorFlow can see on this machine.
       needs_data: False on a parameter-server task, which needs neither data nor model flags.
-      onednn_enabled: whether TensorFlow's oneDNN kernels are on in this process
-        (``cpu.onednn_enabled``); without them a CPU cannot pool in channels_first.
     """
     if not needs_data:
         return  # a parameter server only serves variables: no flag matters to it
@@ -125,12 +113,32 @@ def validate(config: TrainConfig, num_visible_gpus: int, needs_data: bool = True
         raise UserError("--job-dir is required: the folder for checkpoints and the export")
     if not config.data_dir:
         raise UserError("--data-dir is required: the folder with the .tfrecords files")
-    for name in ("job_dir", "data_dir", "export_dir"):
-        path = getattr(config, name)
-        if path:
-            storage.check_reachable(path, flag(name))
     _check_ranges(config)
     _check_schedule(config)
     _check_model(config)
     _check_strategy(config)
-    _check_devices(config, num_visible_gpus, onednn_enabled)
+    _check_devices(config)
+
+
+def validate_machine(config: TrainConfig, num_visible_gpus: int, onednn_enabled: bool) -> None:
+    """The settings against this machine and its storage, in one line naming the flag.
+
+    Args:
+      num_visible_gpus: GPUs TensorFlow can see on this machine.
+      onednn_enabled: whether TensorFlow's oneDNN kernels are on in this process
+        (``cpu.onednn_enabled``); without them a CPU cannot pool in channels_first.
+    """
+    if config.num_gpus > 0 and num_visible_gpus < config.num_gpus:
+        raise UserError(f"--num-gpus {config.num_gpus} requested but TensorFlow sees "
+                        f"{num_visible_gpus} GPU(s); use --num-gpus {num_visible_gpus}")
+    if (config.num_gpus == 0 and config.resolved_data_format() == "channels_first"
+            and not onednn_enabled):
+        # TF 2.15's Eigen CPU kernels have no NCHW pooling ("Default AvgPoolingOp only
+        # supports NHWC on device type CPU"); its oneDNN kernels do.
+        raise UserError("--data-format channels_first on a CPU needs TensorFlow's oneDNN "
+                        "kernels, which are off in this process; set TF_ENABLE_ONEDNN_OPTS=1 "
+                        "(or unset it) or use --data-format channels_last")
+    for name in ("job_dir", "data_dir", "export_dir"):
+        path = getattr(config, name)
+        if path:
+            storage.check_reachable(path, flag(name))

@@ -12,13 +12,15 @@ given for a model it does not apply to is refused (``checks.check_given``).
 
 import argparse
 import dataclasses
+import difflib
 import typing
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from cifar10_estimator import cli
 from cifar10_estimator.config import checks, overlays
 from cifar10_estimator.config.fields import GROUPS, flag
 from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.errors import UserError
 
 MODULE = "cifar10_estimator"
 PROG = f"python -m {MODULE}"
@@ -99,6 +101,29 @@ def _add(group, field: dataclasses.Field, tp, defaults: bool) -> None:
                            metavar="A,B,...", **kwargs)
     else:
         group.add_argument(flag(field.name), type=tp, **kwargs)
+
+
+def to_argv(settings: Mapping[str, Any]) -> list[str]:
+    """The command line that gives ``settings`` (field name -> value, as ``TrainConfig`` holds
+    it: ``{"num_layers": 20, "sync": True, "lr_boundary_epochs": (2, 4)}``), so that a library
+    caller's settings go through the same parsing and checks as flags; ``verbose`` too; None
+    leaves a setting at its default. A name that is no setting is a ``UserError`` naming it."""
+    names = {field.name for field in dataclasses.fields(TrainConfig)} | {"verbose"}
+    argv = []
+    for name, value in settings.items():
+        if name not in names:
+            close = difflib.get_close_matches(str(name), sorted(names), n=1)
+            raise UserError(f"{name!r} is not a setting of the trainer"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
+        if name == "verbose":
+            argv += ["--verbose"] if value else []
+        elif isinstance(value, bool):
+            argv.append(f"{flag(name)}={'true' if value else 'false'}")
+        elif isinstance(value, (tuple, list)):
+            argv.append(f"{flag(name)}={','.join(str(v) for v in value)}")
+        elif value is not None:
+            argv.append(f"{flag(name)}={value}")
+    return argv
 
 
 def parse(argv: Optional[Sequence[str]]) -> tuple[TrainConfig, bool]:

@@ -166,18 +166,6 @@ class ModelParams:
         group="cluster", choices=STRATEGIES)
 
 
-def steps_together(params: ModelParams) -> bool:
-    """Whether a global step takes one batch from every worker (``sync``, or an all-reduce
-    strategy) rather than one worker's batch (asynchronous parameter servers)."""
-    return params.sync or params.distribution_strategy != TOWERS
-
-
-def global_batch(params: ModelParams, num_workers: int) -> int:
-    """Images per global step: a batch from every worker when they step together, one batch
-    without."""
-    return params.train_batch_size * (num_workers if steps_together(params) else 1)
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(ModelParams):
     """Settings of one training job (one task of a cluster)."""

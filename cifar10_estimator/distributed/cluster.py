@@ -1,8 +1,7 @@
 """Being one task of a TensorFlow cluster: reachability, parameter servers, the end of training.
 
-``driver.train_and_evaluate`` takes the cluster and this task's role from the Estimator's
-``RunConfig`` (the package's only reader of ``TF_CONFIG``) and passes them here as plain values;
-nothing in this module reads the environment.
+The cluster and this task's role come from ``roles.parse`` (of the ``TF_CONFIG`` value the
+command read) as plain values; nothing in this module reads the environment.
 
 What it owns:
 
@@ -21,10 +20,8 @@ What it owns:
   every trainer retrying forever; the watchdog ends the task with one line instead.
 """
 
-import json
 import logging
 import os
-import re
 import socket
 import sys
 import threading
@@ -33,111 +30,14 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
+from cifar10_estimator.config.plan import TRAINER_JOBS
 from cifar10_estimator.errors import UserError
 
 log = logging.getLogger("cifar10_estimator")
 
-# Jobs whose tasks run training steps ("master" is the pre-"chief" name Estimator still accepts).
-TRAINER_JOBS = ("chief", "master", "worker")
 _DONE_QUEUE = "cifar10_estimator_done"  # shared_name of the queue on every ps
 _POLL_SECS = 0.5
 _PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
-
-
-# A TensorFlow job name, as device names spell it (/job:NAME/task:0).
-_JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_TF_CONFIG_HELP = "see docs/distributed.md"
-
-
-def check_tf_config(text: Optional[str]) -> None:
-    """Raises a one-line ``UserError`` naming TF_CONFIG unless ``text`` (the variable's value,
-    None when unset) is a cluster and task Estimator's ``RunConfig`` takes as they are.
-
-    ``RunConfig`` reads the variable itself, but what it refuses comes as a ``TypeError``,
-    ``AttributeError`` or a ``ValueError`` of several lines, and it takes addresses without a
-    port, which fail only when the servers start. So the value is checked here first.
-    """
-    if text is None:
-        return
-
-    def refuse(what: str):
-        raise UserError(f"TF_CONFIG: {what}; {_TF_CONFIG_HELP}")
-
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        refuse(f"not JSON ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
-    if not isinstance(value, dict):
-        refuse(f"expected a JSON object with \"cluster\" and \"task\", got {type(value).__name__}")
-    for key in ("model_dir", "session_master", "eval_session_master"):
-        if key in value and not (isinstance(value[key], str) and value[key]):
-            refuse(f'"{key}" must be a non-empty string')
-    if value.get("service") is not None and not isinstance(value["service"], dict):
-        refuse('"service" must be a JSON object')
-    cluster = value.get("cluster", {})
-    if not isinstance(cluster, dict):
-        refuse('"cluster" must be a JSON object: job name -> list of "host:port"')
-    for job, addresses in cluster.items():
-        if not _JOB_NAME.fullmatch(job):
-            refuse(f'the job name {job[:50]!r} in "cluster" is not a TensorFlow job name '
-                   f"(letters, digits and _, starting with a letter)")
-        if not isinstance(addresses, list) or not addresses:
-            refuse(f'"cluster": "{job}" must be a non-empty list of "host:port"')
-        for address in addresses:
-            problem = _address_problem(address)
-            if problem:
-                refuse(f'"cluster": "{job}" lists {str(address)[:80]!r}: {problem}')
-    task = value.get("task", {})
-    if not isinstance(task, dict):
-        refuse('"task" must be a JSON object: {"type": ..., "index": ...}')
-    task_type, index = task.get("type"), task.get("index")
-    if task_type is not None and not isinstance(task_type, str):
-        refuse('"task": "type" must be a string')
-    if isinstance(index, str) and index.isascii() and index.isdigit() and len(index) < 10:
-        index = int(index)  # some orchestrators write "0"; RunConfig reads it with int()
-    if index is not None and (not isinstance(index, int) or isinstance(index, bool)
-                              or index < 0):
-        refuse(f'"task": "index" must be a whole number, 0 or more, got {str(index)[:40]}')
-    if not cluster:
-        if task_type not in (None, "worker") or index not in (None, 0):
-            refuse('without a "cluster" the task can only be {"type": "worker", "index": 0}')
-        return
-    chief = "master" if "master" in cluster else "chief"
-    if chief == "master" and "chief" in cluster:
-        refuse('"cluster" has both a "chief" and a "master" job; keep one')
-    if len(cluster.get(chief, ())) != 1:
-        refuse(f'"cluster" must have exactly one "{chief}" task')
-    if not task_type or index is None:
-        refuse('"task" needs a "type" and an "index" with a "cluster"')
-    if task_type == "evaluator":
-        if chief == "master":
-            refuse('a cluster with a "master" job has no "evaluator" task; use "chief"')
-        return
-    if task_type not in cluster:
-        refuse(f'"task": "type" {task_type[:50]!r} is not a job of the cluster '
-               f"({', '.join(sorted(cluster))})")
-    if index >= len(cluster[task_type]):
-        refuse(f'"task": "index" {index} is out of range: the cluster has '
-               f'{len(cluster[task_type])} "{task_type}" task(s)')
-
-
-def _address_problem(address) -> Optional[str]:
-    """Why ``address`` is not ``host:port`` (``[::1]:2222`` for IPv6), or None."""
-    if not isinstance(address, str):
-        return "not a string"
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        return "expected host:port"
-    if not (port.isascii() and port.isdigit() and 1 <= int(port[-6:]) <= 65535
-            and len(port) <= 5):
-        return "the port must be a number from 1 to 65535"
-    if any(c.isspace() or not c.isprintable() for c in host):
-        return "the host has spaces or control characters"
-    try:
-        host.encode("utf-8")
-    except UnicodeEncodeError:
-        return "the host is not valid text"
-    return None
 
 
 def device_filters(task_type: str, task_id: int) -> list[str]:
@@ -157,11 +57,6 @@ def device_filters(task_type: str, task_id: int) -> list[str]:
 def trainer_tasks(cluster: Mapping[str, Sequence[str]]) -> list[str]:
     """Names (``job:index``) of the tasks that train, chief first."""
     return [f"{job}:{i}" for job in TRAINER_JOBS for i in range(len(cluster.get(job, ())))]
-
-
-def describe(cluster: Mapping[str, Sequence[str]]) -> str:
-    """One line: ``chief 127.0.0.1:2222; worker 127.0.0.1:2223, ...; ps ...``."""
-    return "; ".join(f"{job} {', '.join(cluster[job])}" for job in sorted(cluster))
 
 
 def _answers(task: str, address: str, timeout_secs: float) -> bool:

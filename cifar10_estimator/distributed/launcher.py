@@ -35,14 +35,13 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Optional, Sequence, TextIO
+from typing import Mapping, Optional, Sequence, TextIO
 
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
@@ -230,14 +229,14 @@ class Cluster:
     """Starts, watches and stops the processes of a local cluster."""
 
     def __init__(self, tasks: Sequence[Task], trainer_args: Sequence[str],
-                 out: TextIO = sys.stdout, python: str = sys.executable,
-                 env: Optional[dict] = None, network: Optional[Network] = None):
+                 env: Mapping[str, str], out: TextIO = sys.stdout,
+                 python: str = sys.executable, network: Optional[Network] = None):
         self.tasks = list(tasks)
         self.network = network or Network()
         self.trainer_args = list(trainer_args)
         self.out = out
         self.python = python
-        self.env = dict(os.environ if env is None else env)
+        self.env = dict(env)  # the tasks' environment (the command's), TF_CONFIG set per task
         self._lock = threading.Lock()
 
     def say(self, message: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional
 from cifar10_estimator import __version__, storage
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.config.fields import AT_LEAST_1, flag, shown
+from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
 
 log = logging.getLogger("cifar10_estimator")
@@ -47,11 +48,21 @@ _LABELS = {"dataset": "the data set's dataset", "num_classes": "the data set's n
                            "--train-epochs)"}
 
 
+def of_plan(plan: Plan) -> dict[str, Any]:
+    """The values that define ``plan``'s run, as the record keeps them."""
+    return run_settings(plan.config, plan.dataset, plan.num_classes, plan.schedule_spans,
+                        precision=plan.precision)
+
+
 def run_settings(config: TrainConfig, dataset: str, num_classes: int,
-                 schedule_steps: Optional[int] = None) -> dict[str, Any]:
-    """The values that define the run, as JSON values (``precision`` already resolved);
-    ``schedule_steps`` for a schedule whose shape depends on the run's length."""
+                 schedule_steps: Optional[int] = None, *,
+                 precision: Optional[str] = None) -> dict[str, Any]:
+    """The values that define the run, as JSON values: ``precision`` the one the job computes
+    in (else ``config``'s, when that is not "auto"); ``schedule_steps`` for a schedule whose
+    shape depends on the run's length."""
     values: dict[str, Any] = {name: getattr(config, name) for name in RUN_FIELDS}
+    if precision is not None:
+        values["precision"] = precision
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
     values.update(dataset=dataset, num_classes=num_classes)
     if schedule_steps is not None:

@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import metrics, networks, schedules, sync_replicas, towers
-from cifar10_estimator.config.settings import ModelParams, global_batch
+from cifar10_estimator.config.plan import Plan
+from cifar10_estimator.config.settings import TUTORIAL_BATCH, ModelParams
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -36,19 +37,32 @@ PRECISE_BN_UPDATES = "precise_batch_norm_updates"
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """The user's hyperparameters plus what the driver resolved for this task and machine."""
+    """What the model_fn reads: the hyperparameters and the facts of the task's plan
+    (``ModelSettings.of``). The defaults are one worker's tower on ``/cpu:0`` in float32."""
 
     params: ModelParams = ModelParams()
     data_format: str = "channels_last"
-    # Global steps per epoch = train records // (worker batch x workers); drives the schedule.
+    # Global steps per epoch = train records // global batch; drives the schedule.
     steps_per_epoch: int = 1
     total_steps: int = 1  # the global step training ends at: cosine and one-cycle span it
     devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
-    num_workers: int = 1
+    num_workers: int = 1  # training tasks: SyncReplicasOptimizer aggregates one per worker
     is_chief: bool = True
+    global_batch: int = TUTORIAL_BATCH  # images per global step: the learning rate scales by it
     compute_dtype: str = "float32"
     # Names of the classes in label order; their count is the width of the logits.
     class_names: Sequence[str] = schema.CLASS_NAMES
+
+    @classmethod
+    def of(cls, plan: Plan, compute_dtype: Optional[str] = None) -> "ModelSettings":
+        """The plan's view for the model_fn; ``compute_dtype`` for an export that computes in
+        another precision than the job trains in (``--serving-precision``)."""
+        return cls(params=plan.config, data_format=plan.data_format,
+                   steps_per_epoch=plan.steps_per_epoch, total_steps=plan.train_steps,
+                   devices=plan.devices, num_workers=plan.role.num_trainers,
+                   is_chief=plan.role.is_chief, global_batch=plan.global_batch,
+                   compute_dtype=compute_dtype or plan.compute_dtype,
+                   class_names=plan.class_names)
 
     @property
     def num_classes(self) -> int:
@@ -213,7 +227,7 @@ def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelS
     global_step = tf.compat.v1.train.get_or_create_global_step()
     learning_rate = tf.identity(
         schedules.learning_rate(global_step, s.params, s.steps_per_epoch, s.total_steps,
-                                global_batch(s.params, s.num_workers)),
+                                s.global_batch),
         name=LEARNING_RATE_TENSOR.split(":")[0])
     accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)), tf.float32),
                               name="train_accuracy_value")

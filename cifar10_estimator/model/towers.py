@@ -1,6 +1,7 @@
 """Data-parallel plumbing: which devices run towers, where variables live, how shards and
-gradients move. It names the towers' devices and the variables' device; the cluster's
-devices are named in ``distributed/cluster.py``.
+gradients move. It places ops on the towers' devices (named by the plan,
+``config.plan.tower_devices``) and names the variables' device; the cluster's devices are named
+in ``distributed/cluster.py``.
 
 A training step on one worker splits its batch into one equal, contiguous shard per tower
 (tower i gets examples [i*B/N, (i+1)*B/N)), runs the same ResNet on every shard with shared
@@ -24,13 +25,6 @@ import tensorflow as tf
 
 # Op types that create variables (reference variables for old graphs, resource handles now).
 VARIABLE_OP_TYPES = frozenset({"Variable", "VariableV2", "VarHandleOp"})
-
-
-def tower_devices(num_gpus: int, num_cpu_towers: int = 1) -> list[str]:
-    """The compute device of each tower: N GPUs, else ``num_cpu_towers`` logical CPUs."""
-    if num_gpus > 0:
-        return [f"/gpu:{i}" for i in range(num_gpus)]
-    return [f"/cpu:{i}" for i in range(max(1, num_cpu_towers))]
 
 
 def ensure_logical_cpus(count: int) -> bool:

@@ -26,8 +26,6 @@ from cifar10_estimator.platform.cpu import NATIVE_BF16_FLAGS, ONEDNN_ENV, CpuInf
 # bf16 on NVIDIA GPUs needs tensor cores that take it: compute capability 8.0 (Ampere) or newer.
 GPU_BF16_MIN_CAPABILITY = (8, 0)
 PRECISIONS = ("auto", "fp32", "bf16")
-# TensorFlow's name of each precision's compute dtype.
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 # auto takes bf16 only when it measured at least this much faster. Below it, a difference is
 # within what two probes of the same precision on a shared 2-core host differ by (up to ~7 %
 # in the probe tests of docs/cpus.md), and fp32 keeps the loss and logits exact.

@@ -16,21 +16,26 @@ calls, or after ``max_rounds`` rounds; every probe times at least ``MIN_ROUNDS``
 """
 
 import dataclasses
+import logging
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from cifar10_estimator.config.plan import DTYPES, Plan
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import networks
-from cifar10_estimator.model.model_fn import make_model_fn
+from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
 from cifar10_estimator.serving.signatures import RandomWeights, ServingModule
 from cifar10_estimator.platform import precision, precision_cache
 from cifar10_estimator.platform.cpu import CpuInfo
-from cifar10_estimator.platform.precision import DTYPES, Choice, Measured
+from cifar10_estimator.platform.precision import Choice, Measured
 from cifar10_estimator.platform.precision_cache import PrecisionCache
+from cifar10_estimator.platform.session import session_config
+
+log = logging.getLogger("cifar10_estimator")
 
 # Rounds (one timed call of each precision) a probe takes at least: a median of three is the
 # fewest that drops one outlier (a call slowed by a neighbour).
@@ -141,3 +146,62 @@ def serving_choice(requested: str, trained: str, settings, cpu: CpuInfo, onednn:
         requested, trained, cpu, onednn=onednn,
         measure=lambda: precision_cache.measured(
             cache, cpu.describe(), work, lambda: measure_serving(settings, SERVING_BATCH)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What the precision choice measures on: the CPU as oneDNN sees it, oneDNN's state and
+    the probes' cache."""
+
+    cpu: CpuInfo
+    onednn: bool
+    cache: PrecisionCache
+
+
+def _gpu_capabilities(plan: Plan) -> list[tuple[int, int]]:
+    num_gpus = plan.config.num_gpus
+    return precision.gpu_capabilities(num_gpus) if num_gpus else []
+
+
+def check_requested(requested: str, num_gpus: int, machine: Machine) -> None:
+    """Refuses ``--precision bf16`` on a machine that cannot run it fast, in one line."""
+    precision.check_requested(requested, machine.cpu, onednn=machine.onednn,
+                              gpu_capabilities=precision.gpu_capabilities(num_gpus)
+                              if num_gpus else [])
+
+
+def choose_training(plan: Plan, machine: Machine, recorded: Optional[str]) -> str:
+    """What ``plan``'s job computes in: ``--precision`` itself, or for ``auto`` the job's
+    ``recorded`` choice, else what fits this machine (measured on ``plan``'s training step
+    where the CPU has native bf16); logs the CPU and the choice with its reason. ``plan``'s own
+    precision is not read: the probe times the step in both."""
+    config = plan.config
+    describe_cpu = machine.cpu.describe()
+    work = (f"training {networks.describe(config)}, batch {plan.worker_batch} on "
+            f"{', '.join(plan.devices)}, {plan.data_format}, threads "
+            f"{config.num_intra_threads}/{config.num_inter_threads}{', XLA' if config.xla else ''}")
+    choice = precision.resolve_precision(
+        config.precision, machine.cpu, onednn=machine.onednn,
+        gpu_capabilities=_gpu_capabilities(plan),
+        measure=lambda: precision_cache.measured(
+            machine.cache, describe_cpu, work, lambda: measure_training(
+                ModelSettings.of(plan), plan.worker_batch, session_config(config))),
+        cached=precision_cache.cached(machine.cache, describe_cpu, work),
+        recorded=recorded if config.precision == "auto" else None)
+    log.info("CPU: %s; oneDNN %s", describe_cpu, "on" if machine.onednn else "off")
+    log.info("precision %s: %s", config.precision, choice.reason)
+    if choice.warning:
+        log.warning("warning: %s", choice.warning)
+    return choice.precision
+
+
+def choose_serving(plan: Plan, machine: Machine) -> ModelSettings:
+    """What the task's exports compute with: ``plan``'s model in the precision
+    ``--serving-precision`` resolves to (``serving_choice``); logs the choice."""
+    settings = ModelSettings.of(plan)
+    choice = serving_choice(plan.config.serving_precision, plan.precision, settings,
+                            machine.cpu, machine.onednn, machine.cache)
+    log.info("serving precision %s: %s", plan.config.serving_precision, choice.reason)
+    if choice.warning:
+        log.warning("warning: %s", choice.warning)
+    return ModelSettings.of(plan, DTYPES[choice.precision])

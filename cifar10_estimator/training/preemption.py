@@ -162,10 +162,10 @@ class _EvaluationHook(tf.estimator.SessionRunHook):
         self._p._evaluating = False
 
 
-def stopped_line(stop: Stopped, role: tf.estimator.RunConfig, job_dir: Optional[str],
+def stopped_line(stop: Stopped, role, job_dir: Optional[str],
                  last_step: Optional[int]) -> str:
     """What a task that received a signal (or stopped with one that did) says before it
-    exits."""
+    exits; ``role`` is its ``config.plan.Role``."""
     head = stop.why or f"received {stop.name}"
     if role.task_type == "ps":
         return (f"{head}: parameter server stopped (the chief's checkpoints hold the "

@@ -12,7 +12,7 @@ from typing import Optional
 from cifar10_estimator import storage
 from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
-from cifar10_estimator.training.driver import TrainResult
+from cifar10_estimator.evaluation.final import TrainResult
 from cifar10_estimator.training.progress import format_duration
 
 

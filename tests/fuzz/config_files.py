@@ -8,8 +8,8 @@ files (``@FILE`` on any command line) and the ``TF_CONFIG`` cluster description.
 - ``flag-file``: ``config.flags.parse`` (the trainer's command line, through ``cli.Parser``)
   expands ``@FILE`` arguments: generated and damaged flag lines, files that include each other,
   and a pipe, socket or device named as a flag file.
-- ``tf-config``: ``distributed.cluster.check_tf_config`` checks the variable's value, then
-  ``training.task.run_config`` hands it to Estimator's ``RunConfig`` (which reads the
+- ``tf-config``: ``distributed.roles.parse`` checks the variable's value and makes the role,
+  then Estimator's ``RunConfig`` reads it (it must take it and see the same role; it reads the
   environment itself: set here for the case, in this process, and restored).
 
 Each check returns what became of the case (``harness``): read soundly, or refused in one line
@@ -408,24 +408,30 @@ def _tf_config(value: str):
 
 
 def _check_tf_config(case: str, scratch: str, context) -> str:
-    from cifar10_estimator.distributed import cluster
-    from cifar10_estimator.training import task
+    import tensorflow as tf
 
-    outcome, _ = harness.refused(lambda: cluster.check_tf_config(case), "TF_CONFIG")
+    from cifar10_estimator.distributed import roles
+
+    outcome, role = harness.refused(lambda: roles.parse(case), "TF_CONFIG")
     if outcome != harness.ACCEPTED:
         return outcome
-    # Accepted: Estimator must take it too, and the strategy's checks answer in one line.
+    # Accepted: the strategy's checks answer in one line, and Estimator, which reads the
+    # variable itself, must take it too and see the same role.
     config = TrainConfig(job_dir=os.path.join(scratch, "job"))
-
-    def build():
-        with _tf_config(case):
-            rc = task.run_config(config)
-            task.check_cluster(config, rc)
-            return rc
-
-    outcome, rc = harness.refused(build, "TF_CONFIG")
-    if outcome == harness.ACCEPTED and rc.task_type is None:
-        raise harness.Violation(f"TF_CONFIG {case[:80]!r} left the task without a role")
+    outcome, _ = harness.refused(lambda: roles.check_strategy(config, role), "TF_CONFIG")
+    if outcome != harness.ACCEPTED:
+        return outcome
+    with _tf_config(case):
+        try:
+            rc = tf.estimator.RunConfig(model_dir=config.job_dir)
+        except ValueError as e:
+            raise harness.Violation(f"TF_CONFIG {case[:80]!r} was accepted, and Estimator "
+                                    f"refuses it: {' '.join(str(e).split())[:200]}") from None
+    if (rc.task_type, rc.task_id) != (role.task_type, role.task_id) or (
+            role.task_type != "evaluator" and rc.is_chief != role.is_chief):
+        raise harness.Violation(f"TF_CONFIG {case[:80]!r}: the role {role} differs from "
+                                f"Estimator's ({rc.task_type} {rc.task_id}, chief "
+                                f"{rc.is_chief})")
     return outcome
 
 
@@ -470,7 +476,7 @@ KINDS = [
     ),
     harness.Kind(
         name="tf-config",
-        reader="distributed.cluster.check_tf_config, training.task.run_config",
+        reader="distributed.roles.parse, Estimator's RunConfig",
         tried="clusters of chief or master, workers (up to 10,000), ps and an evaluator with "
               "each role; the same with the task, index, type, addresses (no port, port 0 or "
               "65536, Unicode hosts, spaces), job names, cluster or extra keys replaced by "

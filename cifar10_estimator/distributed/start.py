@@ -1,0 +1,190 @@
+"""A task's start, up to the moment it can build its Estimator: the data checked, the plan
+resolved, the waits for the rest of the cluster, the chief's check and lock of the job dir,
+the precision the job computes in and the settings record checked.
+
+In order (``start``):
+
+1. The data: the record files checked against their metadata (a file cut short can read as a
+   shorter valid one), the data set's classes and the training records counted.
+2. The plan (``config.plan.resolve``), but for its precision, which the job's record or a
+   probe decides below; the role and the run's length are logged with it.
+3. Waits, bounded by ``--cluster-timeout-secs``: a cluster's trainer for the parameter
+   servers; a worker or evaluator for the chief's first checkpoint (proof that the job dir is
+   shared, and a worker arriving before the chief has initialised the variables would sleep
+   30 s between checks, SessionManager's ``recovery_wait_secs``), or, in an all-reduce job,
+   only for the chief's settings record (the chief cannot save before the first step, which
+   the workers join).
+4. The chief (or a local run): the job dir checked and locked (``jobdir.lock``: it holds the
+   lock to its end); then every task: the precision (``--precision auto`` follows the job's
+   record, else measures) and the plan complete; the settings checked against the record (the
+   chief writes it).
+
+Also here: the strategy object of ``--distribution-strategy`` (made before TensorFlow's runtime
+starts) and the parameter server's whole run.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from cifar10_estimator.config import checks, plan as plans
+from cifar10_estimator.config.plan import Plan, Role
+from cifar10_estimator.config.settings import TOWERS, TrainConfig
+from cifar10_estimator.data import metadata
+from cifar10_estimator.data.pipeline import Cifar10DataSet
+from cifar10_estimator.distributed import allreduce, cluster, roles
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.jobdir import guards, settings_record
+from cifar10_estimator.jobdir.lock import JobLock
+from cifar10_estimator.model import checkpoints, networks, schedules, towers
+from cifar10_estimator.platform import precision_probe
+from cifar10_estimator.platform.precision_probe import Machine
+
+log = logging.getLogger("cifar10_estimator")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A started task: its plan, and what it runs with."""
+
+    plan: Plan
+    train_data: Cifar10DataSet
+    eval_data: Cifar10DataSet
+    # The global step the job had reached when this task started.
+    start_step: int
+    # A multi-worker all-reduce job's stop at one step for a signal to any task.
+    agreed_stop: allreduce.AgreedStop
+    # The tf.distribute strategy a training task runs through Estimator (None: towers).
+    strategy: Optional[tf.distribute.Strategy] = None
+    # The job dir's lock, on the task that holds it (a local run or the chief).
+    lock: Optional[JobLock] = None
+
+
+def make_strategy(config: TrainConfig, role: Role) -> Optional[tf.distribute.Strategy]:
+    """The tf.distribute strategy of ``--distribution-strategy`` for a training task (None for
+    towers, and for tasks that do not train). Made first, before anything starts TensorFlow's
+    runtime: a strategy's devices and collective operations can be set up only then."""
+    if config.distribution_strategy == TOWERS or not role.trains:
+        return None
+    if (config.num_gpus == 0 and config.num_cpu_towers > 1
+            and not towers.ensure_logical_cpus(config.num_cpu_towers)):
+        raise UserError(f"--num-cpu-towers {config.num_cpu_towers}: TensorFlow started in this "
+                        f"process with fewer CPU devices; run the trainer in a process of its "
+                        f"own (python -m cifar10_estimator)")
+    try:
+        return allreduce.make_strategy(config.distribution_strategy, plans.tower_devices(
+            config.num_gpus, config.num_cpu_towers))
+    except RuntimeError as e:  # collective operations after TensorFlow's runtime started
+        raise UserError(f"--distribution-strategy {config.distribution_strategy}: {e}; run the "
+                        f"trainer in a process of its own (python -m cifar10_estimator)") from None
+
+
+def check_machine(config: TrainConfig, machine: Machine) -> None:
+    """The settings against this machine, in one line: GPUs, oneDNN, reachable paths, a
+    precision it can compute in."""
+    checks.validate_machine(config, len(tf.config.list_physical_devices("GPU")),
+                            machine.onednn)
+    precision_probe.check_requested(config.precision, config.num_gpus, machine)
+
+
+def serve_variables(config: TrainConfig, role: Role) -> None:
+    """A parameter server's run: serves variables until every training task reported done."""
+    log.info("role: ps %d of the cluster %s", role.task_id, roles.describe(role.cluster))
+    cluster.run_parameter_server(role.cluster, role.task_id, config.cluster_timeout_secs)
+
+
+def start(config: TrainConfig, role: Role, machine: Machine, stack: contextlib.ExitStack,
+          before_exit: Callable[[Callable], None],
+          strategy: Optional[tf.distribute.Strategy] = None) -> Task:
+    """Starts this task (see the module's docstring) and returns it. The chief's lock is
+    released when ``stack`` closes, or by ``before_exit`` (a preemption's exit)."""
+    train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training,
+                                networks.AUGMENTATIONS[config.model])
+    eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
+    for split in ("eval",) if role.task_type == "evaluator" else ("train", "eval"):
+        metadata.verify_split(config.data_dir, split)
+    info = metadata.dataset_info(config.data_dir)
+    # The precision is decided below; everything else is known now.
+    draft = plans.resolve(config, role, dataset=info.dataset, class_names=info.class_names,
+                          train_records=train_data.num_examples(), precision="fp32")
+    log.info(roles.role_line(draft))
+    log.info(_plan_line(draft))
+    _wait_for_peers(draft)
+    lock = None
+    if role.is_chief:
+        guards.check_job_dir(config.job_dir, config, info.num_classes)
+        lock = stack.enter_context(JobLock(config.job_dir))
+        before_exit(lambda _: lock.release())
+    recorded = settings_record.read(config.job_dir) or {}
+    plan = dataclasses.replace(draft, precision=precision_probe.choose_training(
+        draft, machine, None if role.is_chief and config.change_settings
+        else recorded.get("precision")))
+    current = settings_record.of_plan(plan)
+    if not role.is_chief:
+        settings_record.check(config.job_dir, current, is_chief=False)
+    else:
+        lock.check()  # the settings record is written only by the lock's holder
+        spans = recorded.get(settings_record.SCHEDULE_STEPS)
+        settings_record.check(config.job_dir, current, is_chief=True,
+                              change=config.change_settings)
+        if spans and current.get(settings_record.SCHEDULE_STEPS, spans) != spans:
+            log.info("--change-settings: %s", schedule_change(
+                plan, spans, checkpoints.latest_step(config.job_dir)))
+    agreed_stop = allreduce.AgreedStop(config.job_dir)
+    if role.is_chief:
+        if plan.all_reduce_trainer:
+            agreed_stop.clear()  # an earlier run's
+        latest = tf.train.latest_checkpoint(config.job_dir)
+        if latest:  # only the chief restores; others use the ps, get the chief's values
+            log.info("resuming from %s", latest)
+    return Task(plan, train_data, eval_data, checkpoints.latest_step(config.job_dir),
+                agreed_stop, strategy, lock)
+
+
+def _wait_for_peers(plan: Plan) -> None:
+    config, role = plan.config, plan.role
+    if role.in_cluster:
+        # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
+        # A trainer's sessions use only the parameter servers (and itself); a worker learns
+        # that the chief is up from its checkpoint, below.
+        cluster.wait_for_tasks(role.ps_tasks, config.cluster_timeout_secs)
+    if role.is_chief:
+        return
+    if plan.all_reduce_trainer:
+        allreduce.wait_for_file(os.path.join(config.job_dir, settings_record.RECORD_FILE),
+                                config.cluster_timeout_secs, "the chief's settings record")
+    else:
+        cluster.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
+
+
+def _plan_line(plan: Plan) -> str:
+    config = plan.config
+    how = ("towers" if config.distribution_strategy == TOWERS
+           else f"{config.distribution_strategy} replicas")
+    own = (f", {plan.length_from}" if plan.length_from.startswith(f"the {config.recipe} recipe")
+           else "")
+    return (f"{networks.describe(config)}, {plan.data_format}, {how} on "
+            f"{', '.join(plan.devices)}, {plan.role.num_trainers} worker(s); {plan.dataset}, "
+            f"{plan.num_classes} classes, {plan.train_records} train records, "
+            f"{plan.steps_per_epoch} steps per epoch, {plan.train_steps} steps in all "
+            f"({plan.train_steps / plan.steps_per_epoch:.4g} epochs{own}), "
+            f"{config.lr_schedule} learning rate peaking at "
+            f"{schedules.peak_learning_rate(config, plan.global_batch):.4g}")
+
+
+def schedule_change(plan: Plan, recorded_steps: int, at_step: int) -> str:
+    """What the learning rate does when ``--change-settings`` gives a length-shaped schedule a
+    new length: its value at ``at_step`` before and after, and where it now ends."""
+    def rate(total: int) -> float:
+        return float(schedules.learning_rate(
+            tf.constant(at_step, tf.int64), plan.config, plan.steps_per_epoch, total,
+            plan.global_batch))
+
+    return (f"the {plan.config.lr_schedule} schedule now spans {plan.train_steps} steps "
+            f"instead of {recorded_steps}: at step {at_step} the learning rate goes from "
+            f"{rate(recorded_steps):.4g} to {rate(plan.train_steps):.4g}, and it reaches its "
+            f"end at step {plan.train_steps}")

@@ -1,0 +1,149 @@
+"""The end of a run: its result, the final evaluation's report, the final export, and whether
+a job dir already holds all three ("already finished": nothing is trained again).
+
+The chief (or a local run) asks ``finished`` before it trains; after training it exports the
+final checkpoint (``export_final``, unless an export of that step exists) and writes the report
+of the final evaluation (``write_report``: per-class results in the log and
+``JOB/eval_report.json``). The evaluator task writes the report of the evaluation it made of the
+final checkpoint.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from cifar10_estimator import storage
+from cifar10_estimator.config.plan import Plan
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.evaluation import offline, report
+from cifar10_estimator.model import checkpoints
+from cifar10_estimator.model.model_fn import ModelSettings
+from cifar10_estimator.platform import precision_probe
+from cifar10_estimator.serving import client
+from cifar10_estimator.serving.best_export import BestExport
+from cifar10_estimator.serving.export import export_saved_model
+
+log = logging.getLogger("cifar10_estimator")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a task produced: final eval metrics (if it evaluated) and the export (if chief)."""
+
+    eval_metrics: Optional[dict]
+    export_path: Optional[str]
+    report_path: Optional[str] = None  # JOB/eval_report.json, by the task that evaluated
+    steps_trained: int = 0  # global steps this run added (0 for an evaluator)
+    role: str = "local"  # the task's type in TF_CONFIG's cluster, or "local"
+
+
+def evaluation_line(metrics: dict) -> str:
+    return report.evaluation_line(metrics)
+
+
+def serving_settings(plan: Plan, machine: precision_probe.Machine) -> ModelSettings:
+    """What the task's exports compute with (``--serving-precision``, probed where it must be)."""
+    return precision_probe.choose_serving(plan, machine)
+
+
+def best_export(plan: Plan, serving: ModelSettings) -> Optional[BestExport]:
+    """``--export-best``'s exporter for the task that evaluates, else None."""
+    if not plan.config.export_best:
+        return None
+    role = plan.role
+    if role.in_cluster and "evaluator" not in role.cluster and role.is_chief:
+        log.info("--export-best: the best export is made by the evaluator task, and this "
+                 "cluster lists none (start one with the same flags and "
+                 "TF_CONFIG task type 'evaluator')")
+    return BestExport(serving, plan.config.resolved_export_dir)
+
+
+def conclude(plan: Plan, metrics: Optional[dict], serving: Callable[[], ModelSettings],
+             evaluate: Callable[[], dict], check: Callable[[], None]
+             ) -> tuple[Optional[dict], str, Optional[str], int]:
+    """The chief's end of a run that trained: the final checkpoint evaluated if this run did
+    not (a local run: ``evaluate()``), exported unless an export of it exists, and reported.
+    ``check`` re-checks the job dir's lock before each of these. Returns the final metrics,
+    the export, the report (or None) and the final step."""
+    step = checkpoints.latest_step(plan.config.job_dir)
+    if plan.role.local and (not metrics or metrics.get("global_step") != step):
+        # Estimator evaluates only a checkpoint it saved in this run: the last one of a run
+        # that stopped between its final save and its report is evaluated here, once.
+        metrics = evaluate()
+        log.info(evaluation_line(metrics))
+        check()
+    export = export_of(plan, step) or export_final(plan, serving(), metrics)
+    check()  # before the report
+    return metrics, export, write_report(plan, metrics), step
+
+
+def export_final(plan: Plan, serving: ModelSettings, metrics: Optional[dict]) -> str:
+    """Exports the job's latest checkpoint with ``serving``'s settings; ``metrics`` go with it
+    when they are that checkpoint's."""
+    checkpoint = tf.train.latest_checkpoint(plan.config.job_dir)
+    evaluated = metrics if metrics and metrics.get("global_step") == (
+        checkpoints.checkpoint_step(checkpoint)) else None
+    path = export_saved_model(serving, checkpoint, plan.config.resolved_export_dir, evaluated)
+    log.info("exported SavedModel to %s", path)
+    return path
+
+
+def export_of(plan: Plan, step: int) -> Optional[str]:
+    """The newest export, if it was made of the checkpoint of ``step``."""
+    try:
+        export = client.newest_export(plan.config.resolved_export_dir)
+    except UserError:
+        return None
+    return export if offline.export_info(export).get("global_step") == step else None
+
+
+def _report_of(plan: Plan, step: int) -> Optional[dict]:
+    """JOB/eval_report.json, if it reports the evaluation of ``step``."""
+    try:
+        final = json.loads(storage.read_bytes(
+            storage.join(plan.config.job_dir, report.REPORT_FILE)))
+        return final if final["global_step"] == step else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def finished(plan: Plan, serving: Callable[[], ModelSettings]) -> Optional[TrainResult]:
+    """The result of a job that already trained to its last step and exported it (and, run
+    locally, reported its final evaluation), else None. A job that trained to its end and
+    reported that step's evaluation but lost or never finished its export (a full disk) is
+    exported here, once, with the report's figures and ``serving()``'s settings: nothing is
+    trained or evaluated again."""
+    config = plan.config
+    step = checkpoints.latest_step(config.job_dir)
+    if step < plan.train_steps:
+        return None
+    export = export_of(plan, step)
+    final = _report_of(plan, step)
+    if final is None and not (export and not plan.role.local):
+        return None  # a local run evaluates and reports below; the export is not made twice
+    metrics = {"accuracy": float(final["accuracy"]), "global_step": step} if final else None
+    path = os.path.join(config.job_dir, report.REPORT_FILE) if final else None
+    shown = f", final accuracy {100 * metrics['accuracy']:.2f}%" if metrics else ""
+    if export is None:
+        export = export_final(plan, serving(), metrics)
+        log.info("already trained to step %d in %s%s: nothing to train; exported its final "
+                 "checkpoint, which had no export, to %s", step, config.job_dir, shown, export)
+    else:
+        log.info("already trained to step %d in %s%s: nothing to train or export (raise "
+                 "--train-steps to train longer); its export is %s%s", step, config.job_dir,
+                 shown, export, f" and its report {path}" if path else "")
+    return TrainResult(metrics, export, path, 0, plan.role.kind)
+
+
+def write_report(plan: Plan, metrics: Optional[dict]) -> Optional[str]:
+    """Logs the final evaluation's per-class results and writes JOB/eval_report.json."""
+    if not metrics or "confusion_matrix" not in metrics:
+        return None
+    content = report.build(metrics, plan.class_names, plan.dataset)
+    for line in report.log_lines(content):
+        log.info(line)
+    return report.write(plan.config.job_dir, content)

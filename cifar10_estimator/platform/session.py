@@ -1,0 +1,31 @@
+"""The session configuration every session of a task uses: threads, soft placement, logical CPU
+devices, XLA and, in a cluster, the tasks a trainer's sessions may reach."""
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from cifar10_estimator.config.settings import TrainConfig
+
+
+def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
+                   ) -> tf.compat.v1.ConfigProto:
+    """Threading, placement and logical CPU devices for every session of the job.
+
+    ``device_filters`` limits a cluster task's sessions to the tasks it needs
+    (``distributed.cluster.device_filters``).
+    """
+    proto = tf.compat.v1.ConfigProto(
+        allow_soft_placement=True,
+        log_device_placement=config.log_device_placement,
+        intra_op_parallelism_threads=config.num_intra_threads,
+        inter_op_parallelism_threads=config.num_inter_threads,
+        # Pinned host memory makes host-to-GPU copies of input batches faster.
+        gpu_options=tf.compat.v1.GPUOptions(force_gpu_compatible=True))
+    if config.num_gpus == 0 and config.num_cpu_towers > 1:
+        proto.device_count["CPU"] = config.num_cpu_towers
+    if config.xla:
+        proto.graph_options.optimizer_options.global_jit_level = (
+            tf.compat.v1.OptimizerOptions.ON_1)
+    proto.device_filters.extend(device_filters)
+    return proto

@@ -1,0 +1,180 @@
+"""What ``tf.estimator.train_and_evaluate`` is given for a started task: the ``RunConfig``, the
+``TrainSpec`` and ``EvalSpec``, their input functions and hooks (progress, preemption, the job
+dir's lock, precise batch norm, a cluster's watchdogs), all read from the task's plan."""
+
+import logging
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from cifar10_estimator.config.settings import TOWERS
+from cifar10_estimator.distributed import allreduce, cluster
+from cifar10_estimator.distributed.start import Task
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.evaluation.final import evaluation_line
+from cifar10_estimator.jobdir.lock import JobLock
+from cifar10_estimator.model import checkpoints
+from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
+from cifar10_estimator.platform.session import session_config
+from cifar10_estimator.serving.best_export import BEST_SUBDIR
+from cifar10_estimator.training import fence, precise_bn, progress
+
+log = logging.getLogger("cifar10_estimator")
+
+
+def run_config(task: Task) -> tf.estimator.RunConfig:
+    """The Estimator's RunConfig for ``task``.
+
+    Estimator reads TF_CONFIG itself for the cluster and the role (the command passes the
+    value ``roles.parse`` read). With a tf.distribute strategy Estimator runs a multi-worker
+    strategy's tasks as its distribute coordinator's independent workers (which start their
+    own servers): that RunConfig's ``task_type`` and ``is_chief`` are not this task's role
+    (every task reads as a chief 'worker'); the role is the plan's.
+    """
+    plan = task.plan
+    config, role = plan.config, plan.role
+    worker_delay = config.max_worker_delay_secs
+    if worker_delay is None and plan.steps_together:
+        # Staggering exists for async updates; a sync step waits for every worker anyway.
+        worker_delay = 0
+    filters = (cluster.device_filters(role.task_type, role.task_id)
+               # (An all-reduce step talks to every worker: no filters there.)
+               if role.in_cluster and config.distribution_strategy == TOWERS else ())
+    try:
+        return tf.estimator.RunConfig(
+            model_dir=config.job_dir,
+            tf_random_seed=config.seed,
+            session_config=session_config(config, filters),
+            save_checkpoints_steps=config.save_checkpoints_steps,
+            save_checkpoints_secs=config.checkpoint_secs,
+            keep_checkpoint_max=config.keep_checkpoint_max,
+            save_summary_steps=config.save_summary_steps,
+            # The checkpoint hook would otherwise serialise the whole training graph twice
+            # more at start-up (graph.pbtxt and a .meta file with every checkpoint), about a
+            # second for ResNet-44; TensorBoard still gets the graph from the event file, and
+            # resuming rebuilds the graph from code.
+            checkpoint_save_graph_def=False,
+            # The progress hook logs step/total, loss, learning rate, images/s and ETA, and
+            # writes images/s and global_step/sec summaries; the Estimator's step counter
+            # would log a second, less informative line.
+            log_step_count_steps=None,
+            # A worker waits this long for the chief to initialise or restore the model
+            # (SessionManager.wait_for_session); Estimator's default is 7200 s.
+            session_creation_timeout_secs=config.cluster_timeout_secs,
+            experimental_max_worker_delay_secs=worker_delay,
+            train_distribute=task.strategy)
+    except ValueError as e:  # TF_CONFIG that Estimator refuses (its words span lines)
+        raise UserError(f"TF_CONFIG: {' '.join(str(e).split())}; see docs/distributed.md"
+                        ) from None
+
+
+class _AfterEvaluation(tf.estimator.Exporter):
+    """Estimator's hook after each local evaluation: logs it and hands it on."""
+
+    def __init__(self, consider: Optional[Callable[[dict, str], object]],
+                 lock: Optional[JobLock] = None):
+        self._consider = consider
+        self._lock = lock
+
+    @property
+    def name(self) -> str:
+        return BEST_SUBDIR
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result,
+               is_the_final_export):
+        if self._lock is not None:
+            self._lock.check()  # no best export once the lock is lost
+        log.info(evaluation_line(eval_result))
+        return self._consider(eval_result, checkpoint_path) if self._consider else None
+
+
+def _progress_hook(task: Task) -> progress.ProgressHook:
+    plan, config = task.plan, task.plan.config
+    return progress.ProgressHook(
+        plan.worker_batch, plan.train_steps,
+        plan.global_batch if plan.role.num_trainers > 1 else None,
+        every_secs=config.progress_secs,
+        summary_dir=config.job_dir if plan.role.is_chief else None,
+        summary_steps=config.save_summary_steps)
+
+
+def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], object]]):
+    """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``; ``preemption`` (a
+    ``training.preemption.Preemption``) gives its hooks, ``consider`` sees each evaluation
+    (``--export-best``)."""
+    plan, lock = task.plan, task.lock
+    config, role = plan.config, plan.role
+    all_reduce = plan.all_reduce_trainer
+    # The lock's hook first: in an all-reduce task's session it then runs before the checkpoint
+    # hooks, which Estimator gives no listener there.
+    lock_hooks = ([fence.LockHook(lock, (config.save_checkpoints_steps
+                                         or fence.ALL_REDUCE_SAVE_STEPS)
+                                  if all_reduce else None)] if lock is not None else [])
+    listeners = [fence.LockListener(lock)] if lock is not None else []
+    train_hooks = [*lock_hooks, _progress_hook(task),
+                   preemption.training_hook(stop=not all_reduce)]
+    if all_reduce:
+        name = f"{role.task_type} {role.task_id}"
+        train_hooks += [
+            task.agreed_stop.hook(lambda: preemption.signum is not None,
+                                  on_session=preemption.reinstall),
+            allreduce.RestartOnLostPeer(name, config.job_dir),
+            allreduce.JoinWithin(config.cluster_timeout_secs, (
+                f"every task of TF_CONFIG's chief and workers must run; {name} is waiting for "
+                f"the others")).start().hook()]
+    precise = config.precise_bn_batches and not config.moving_average_decay
+    asynchronous = role.in_cluster and role.num_ps and not config.sync
+    if role.is_chief and (precise or asynchronous):
+        train_hooks.append(precise_bn.CheckpointHook(
+            config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
+            plan.train_steps, precise_bn.PreciseBatchNorm(
+                config.precise_bn_batches, plan.train_steps,
+                skip=lambda: preemption.signum is not None) if precise else None,
+            listeners))
+    if role.in_cluster and role.num_ps:
+        train_hooks.append(cluster.ParameterServerWatchdog(
+            role.ps_tasks, config.cluster_timeout_secs,
+            "start it again on the same address and rerun the tasks that stopped with the "
+            "same flags: the chief resumes from the latest checkpoint in --job-dir"))
+    # Estimator adds a chief's saving listeners to its first checkpoint hook (the one above, or
+    # its own), except under a multi-worker strategy, which takes none.
+    train_spec = tf.estimator.TrainSpec(_train_input(task), max_steps=plan.train_steps,
+                                        hooks=train_hooks,
+                                        saving_listeners=[] if all_reduce else listeners)
+    eval_spec = tf.estimator.EvalSpec(
+        lambda: task.eval_data.make_batch(config.eval_batch_size),
+        steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
+        exporters=[_AfterEvaluation(consider, lock)],
+        # A local run's evaluations end too once the lock is lost.
+        hooks=[preemption.evaluation_hook(),
+               *([fence.LockHook(lock)] if lock is not None else [])])
+    return train_spec, eval_spec
+
+
+def _train_input(task: Task) -> Callable:
+    """The training input_fn: this worker's shard of the records; under a tf.distribute
+    strategy, Estimator calls it per input pipeline for batches of one replica's share."""
+    plan = task.plan
+    seed = plan.config.seed
+    if plan.config.distribution_strategy == TOWERS:
+        shard = ((plan.role.num_trainers, plan.role.trainer_index) if plan.role.in_cluster
+                 else (1, 0))
+        return lambda: task.train_data.make_batch(plan.worker_batch, seed=seed, shard=shard)
+
+    def input_fn(input_context: tf.distribute.InputContext):
+        # One pipeline per worker, each batch one replica's share.
+        return task.train_data.make_batch(
+            plan.replica_batch, seed=seed,
+            shard=(input_context.num_input_pipelines, input_context.input_pipeline_id))
+    return input_fn
+
+
+def estimator(task: Task) -> tf.estimator.Estimator:
+    """The task's Estimator: the model_fn of its plan, with its RunConfig."""
+    return tf.estimator.Estimator(make_model_fn(ModelSettings.of(task.plan)),
+                                  config=run_config(task))
+
+
+def latest_step(task: Task) -> int:
+    """The global step of the job dir's latest checkpoint (0 without one)."""
+    return checkpoints.latest_step(task.plan.config.job_dir)
