@@ -139,7 +139,9 @@ def test_an_all_reduce_cluster_trains_evaluates_exports_and_ends_on_its_own(
     job_dir = tmp_path / "job"
     proc = subprocess.run(
         [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2", "--evaluator",
-         "--", *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", "30",
+         # 5 epochs of 96 records at 2 x 8 a global step: 30 steps, for the evaluator too
+         # (it counts the workers; Estimator's RunConfig gives an evaluator none).
+         "--", *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-epochs", "5",
                              "--save-checkpoints-steps", "10", "--eval-throttle-secs", "1",
                              "--progress-secs", "1", "--precision", "auto")],
         capture_output=True, text=True, timeout=220, cwd=work_dir(), env=trainer_env())
