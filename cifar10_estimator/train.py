@@ -26,7 +26,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from cifar10_estimator import logs
 from cifar10_estimator.errors import run_cli
-from cifar10_estimator.config import checks, flags, overlays
+from cifar10_estimator.config import checks, engines, flags, overlays
+from cifar10_estimator.config.fields import flag
 from cifar10_estimator.distributed import roles
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process, restore_process
@@ -58,17 +59,40 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     """
     if isinstance(argv, Mapping):
         argv = flags.to_argv(argv)
-    config, verbose = flags.parse(argv)
+    from_engine = engines.settings(os.environ)
+    config, verbose = flags.parse(argv, {name: value for name, (value, _) in
+                                         from_engine.items()})
     # The one read of TF_CONFIG: the role is checked, with the settings, before TensorFlow
     # loads. (Estimator and TensorFlow's strategies read the same variable themselves.)
-    role = roles.parse(os.environ.get(TF_CONFIG_ENV))
+    tf_config = os.environ.get(TF_CONFIG_ENV)
+    role = roles.parse(tf_config)
     checks.validate(config, needs_data=role.task_type != "ps")
     roles.check_strategy(config, role)
     with contextlib.ExitStack() as undo:
         set_env = prepare_process(os.environ)  # before TensorFlow loads
         undo.callback(restore_process, os.environ, set_env)
+        # Estimator and TensorFlow's strategies read TF_CONFIG themselves: they see the role
+        # as parsed (a cluster of workers only, mapped to a chief and workers).
+        _set_for_this_run(TF_CONFIG_ENV, roles.estimator_tf_config(tf_config, role), undo)
         undo.callback(logs.setup_logging(verbose))
+        for name, (value, variable) in from_engine.items():
+            if getattr(config, name) == value:
+                log.info("%s %s: from %s (the engine's; a flag given wins)",
+                         flag(name), value, variable)
         return _train(config, role, handle_signals, undo)
+
+
+def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStack) -> None:
+    """Sets (or, for None, unsets) the environment variable ``name`` until ``undo`` closes."""
+    before = os.environ.get(name)
+    if value == before:
+        return
+    if value is None:
+        del os.environ[name]
+    else:
+        os.environ[name] = value
+    undo.callback(lambda: os.environ.__setitem__(name, before) if before is not None
+                  else os.environ.pop(name, None))
 
 
 def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack):

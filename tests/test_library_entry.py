@@ -89,6 +89,11 @@ def test_run_from_a_thread_and_from_the_main_thread_restores_the_process(tiny_re
     # Neither variable set: the run sets both before TensorFlow loads, and must remove them.
     env = {k: v for k, v in os.environ.items()
            if k not in ("TF_CONFIG", "TF_ENABLE_ONEDNN_OPTS", "TF_CPP_MIN_LOG_LEVEL")}
+    # What Ray Train's TensorflowTrainer sets in a worker of one: legacy Keras on (without
+    # tf_keras installed, tf.estimator cannot import) and a TF_CONFIG of one worker (a local
+    # run). The run turns both off for itself and must put them back.
+    env.update(TF_USE_LEGACY_KERAS="1", TF_CONFIG=json.dumps(
+        {"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}))
     done = subprocess.run([sys.executable, "-c", CALLER, json.dumps(args, default=str)],
                           capture_output=True, text=True, timeout=850, cwd=work_dir(), env=env)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -58,12 +58,15 @@ FRACTION = Check(lambda v: 0 <= v < 1, "in [0, 1)")
 
 def setting(default, help: str, *, group: str, record: bool = False,
             check: Optional[Check] = None, choices: Optional[tuple] = None,
-            models: Optional[tuple[str, ...]] = None, recipe: bool = False):
-    """A dataclass field for one setting (see the module for what each argument means)."""
+            models: Optional[tuple[str, ...]] = None, recipe: bool = False,
+            aliases: Optional[tuple[str, ...]] = None):
+    """A dataclass field for one setting (see the module for what each argument means;
+    ``aliases``: other spellings of its flag, as an engine passes it)."""
     if group not in dict(GROUPS):
         raise ValueError(f"unknown help group {group!r}")
     metadata = {"help": help, "group": group, "record": record, "recipe": recipe}
-    for key, value in (("check", check), ("choices", choices), ("models", models)):
+    for key, value in (("check", check), ("choices", choices), ("models", models),
+                       ("aliases", aliases)):
         if value is not None:
             metadata[key] = value
     return dataclasses.field(default=default, metadata=metadata)

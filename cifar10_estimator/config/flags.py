@@ -100,7 +100,8 @@ def _add(group, field: dataclasses.Field, tp, defaults: bool) -> None:
         group.add_argument(flag(field.name), type=_tuple_parser(typing.get_args(tp)[0]),
                            metavar="A,B,...", **kwargs)
     else:
-        group.add_argument(flag(field.name), type=tp, **kwargs)
+        group.add_argument(flag(field.name), *field.metadata.get("aliases", ()), type=tp,
+                           **kwargs)
 
 
 def to_argv(settings: Mapping[str, Any]) -> list[str]:
@@ -126,12 +127,19 @@ def to_argv(settings: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def parse(argv: Optional[Sequence[str]]) -> tuple[TrainConfig, bool]:
+def parse(argv: Optional[Sequence[str]], under: Optional[Mapping[str, Any]] = None
+          ) -> tuple[TrainConfig, bool]:
     """(the settings, --verbose) from the command line; argparse exits 2 on a bad flag, and a
-    flag given for another model is a ``UserError``."""
+    flag given for another model is a ``UserError``. ``under`` holds values that a flag given
+    overrides and that override the recipe's and the model's (an engine's folders,
+    ``engines.settings``).
+
+    Argparse reads the line twice: once with the defaults, which --help shows, and once
+    without, to learn which flags were given (the recipe's value stays under those only)."""
     verbose = build_parser().parse_args(argv).verbose  # --help and bad flags exit here
     given = vars(build_parser(defaults=False).parse_args(argv))
     given.pop("verbose", None)
+    given = {**(under or {}), **given}
     config = overlays.build(**given)
     checks.check_given(config, given)
     return config, verbose

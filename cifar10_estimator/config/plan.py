@@ -69,6 +69,14 @@ class Role:
         return self.local or self.task_type in ("chief", "master")
 
     @property
+    def evaluates_at_end(self) -> bool:
+        """The task that evaluates the final checkpoint after training: a local run, or the
+        chief of an all-reduce cluster that lists no evaluator task (a parameter-server
+        cluster evaluates in an evaluator task)."""
+        return self.local or (self.task_type in ("chief", "master") and not self.num_ps
+                              and "evaluator" not in self.cluster)
+
+    @property
     def num_trainers(self) -> int:
         """Training tasks of the job (chief and workers); 1 for a local run."""
         return max(1, sum(len(self.cluster.get(job, ())) for job in TRAINER_JOBS))

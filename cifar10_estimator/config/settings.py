@@ -239,7 +239,9 @@ class TrainConfig(ModelParams):
         group="cluster", check=AT_LEAST_0)
     job_dir: Optional[str] = setting(
         None, "folder for checkpoints, summaries and the export; shared by all tasks of a "
-              "cluster; rerunning with the same folder resumes (required)", group="output")
+              "cluster; rerunning with the same folder resumes (required; the model_dir argument "
+              "SageMaker passes is taken as it)", group="output",
+        aliases=("--model_dir", "--model-dir"))
     save_checkpoints_steps: Optional[int] = setting(
         None, "save a checkpoint every N steps (instead of --save-checkpoints-secs)",
         group="output", check=AT_LEAST_1)

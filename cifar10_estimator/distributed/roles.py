@@ -28,7 +28,8 @@ _TF_CONFIG_HELP = "see docs/distributed.md"
 
 def check_tf_config(text: Optional[str]) -> None:
     """Raises a one-line ``UserError`` naming TF_CONFIG unless ``text`` (the variable's value,
-    None when unset) is a cluster and task Estimator's ``RunConfig`` takes as they are.
+    None when unset) is a cluster and task Estimator's ``RunConfig`` takes, as they are or as
+    ``parse`` maps them (a cluster of workers only).
 
     ``RunConfig`` reads the variable itself, but what it refuses comes as a ``TypeError``,
     ``AttributeError`` or a ``ValueError`` of several lines, and it takes addresses without a
@@ -82,8 +83,11 @@ def check_tf_config(text: Optional[str]) -> None:
     chief = "master" if "master" in cluster else "chief"
     if chief == "master" and "chief" in cluster:
         refuse('"cluster" has both a "chief" and a "master" job; keep one')
-    if len(cluster.get(chief, ())) != 1:
-        refuse(f'"cluster" must have exactly one "{chief}" task')
+    if chief not in cluster and "worker" in cluster:
+        pass  # workers only: worker 0 acts as the chief (TensorFlow's multi-worker convention)
+    elif len(cluster.get(chief, ())) != 1:
+        refuse(f'"cluster" must have exactly one "{chief}" task, or only "worker" tasks '
+               f'(worker 0 then acts as the chief)')
     if not task_type or index is None:
         refuse('"task" needs a "type" and an "index" with a "cluster"')
     if task_type == "evaluator":
@@ -119,14 +123,42 @@ def _address_problem(address) -> Optional[str]:
 
 def parse(text: Optional[str]) -> Role:
     """The role ``text`` (TF_CONFIG's value, None when unset) gives this task; a one-line
-    ``UserError`` for a value Estimator would refuse (``check_tf_config``)."""
+    ``UserError`` for a value Estimator would refuse (``check_tf_config``).
+
+    The shapes the engines write are taken (docs/distributed.md, "Engines"): a cluster of
+    workers only (TensorFlow's multi-worker convention, Ray Train's and SageMaker's) has worker
+    0 as its chief and worker i as worker i - 1; one worker alone is a local run. Extra keys
+    (Vertex AI's ``environment``, ``job``, ``task.trial``) are left to Estimator.
+    """
     check_tf_config(text)
     value = json.loads(text) if text else {}
     cluster = {job: tuple(addresses) for job, addresses in value.get("cluster", {}).items()}
     task = value.get("task", {})
     if not cluster:
         return Role()
-    return Role(task["type"], int(task["index"]), cluster)
+    task_type, index = task["type"], int(task["index"])
+    if any(job in cluster for job in ("chief", "master")):
+        return Role(task_type, index, cluster)
+    workers = cluster.pop("worker")
+    if len(workers) == 1 and set(cluster) <= {"evaluator"} and task_type == "worker":
+        return Role()  # a cluster of one: nothing to wait for, share or all-reduce with
+    cluster = {"chief": workers[:1], **({"worker": workers[1:]} if workers[1:] else {}),
+               **cluster}
+    if task_type == "worker":
+        task_type, index = ("chief", 0) if index == 0 else ("worker", index - 1)
+    return Role(task_type, index, cluster)
+
+
+def estimator_tf_config(text: Optional[str], role: Role) -> Optional[str]:
+    """The TF_CONFIG value Estimator and TensorFlow's strategies must read for ``role``
+    (they read the variable themselves): ``text`` itself, or for a shape ``parse`` mapped, the
+    mapped cluster and task, other keys kept; None for a local run."""
+    if role.local and role.task_type == "worker":
+        return None
+    value = json.loads(text)
+    value.update(cluster={job: list(addresses) for job, addresses in role.cluster.items()},
+                 task={**value["task"], "type": role.task_type, "index": role.task_id})
+    return json.dumps(value)
 
 
 def check_strategy(config: TrainConfig, role: Role) -> None:

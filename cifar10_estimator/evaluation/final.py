@@ -66,11 +66,12 @@ def conclude(plan: Plan, metrics: Optional[dict], serving: Callable[[], ModelSet
              evaluate: Callable[[], dict], check: Callable[[], None]
              ) -> tuple[Optional[dict], str, Optional[str], int]:
     """The chief's end of a run that trained: the final checkpoint evaluated if this run did
-    not (a local run: ``evaluate()``), exported unless an export of it exists, and reported.
+    not (``evaluate()``, where the chief evaluates at the end: ``Role.evaluates_at_end``),
+    exported unless an export of it exists, and reported.
     ``check`` re-checks the job dir's lock before each of these. Returns the final metrics,
     the export, the report (or None) and the final step."""
     step = checkpoints.latest_step(plan.config.job_dir)
-    if plan.role.local and (not metrics or metrics.get("global_step") != step):
+    if plan.role.evaluates_at_end and (not metrics or metrics.get("global_step") != step):
         # Estimator evaluates only a checkpoint it saved in this run: the last one of a run
         # that stopped between its final save and its report is evaluated here, once.
         metrics = evaluate()
@@ -123,8 +124,8 @@ def finished(plan: Plan, serving: Callable[[], ModelSettings]) -> Optional[Train
         return None
     export = export_of(plan, step)
     final = _report_of(plan, step)
-    if final is None and not (export and not plan.role.local):
-        return None  # a local run evaluates and reports below; the export is not made twice
+    if final is None and not (export and not plan.role.evaluates_at_end):
+        return None  # the task evaluates and reports below; the export is not made twice
     metrics = {"accuracy": float(final["accuracy"]), "global_step": step} if final else None
     path = os.path.join(config.job_dir, report.REPORT_FILE) if final else None
     shown = f", final accuracy {100 * metrics['accuracy']:.2f}%" if metrics else ""

@@ -416,12 +416,13 @@ def _check_tf_config(case: str, scratch: str, context) -> str:
     if outcome != harness.ACCEPTED:
         return outcome
     # Accepted: the strategy's checks answer in one line, and Estimator, which reads the
-    # variable itself, must take it too and see the same role.
+    # variable itself, must take what the trainer sets it to (the case, or the shape parse
+    # mapped) and see the same role.
     config = TrainConfig(job_dir=os.path.join(scratch, "job"))
     outcome, _ = harness.refused(lambda: roles.check_strategy(config, role), "TF_CONFIG")
     if outcome != harness.ACCEPTED:
         return outcome
-    with _tf_config(case):
+    with _tf_config(roles.estimator_tf_config(case, role) or "{}"):
         try:
             rc = tf.estimator.RunConfig(model_dir=config.job_dir)
         except ValueError as e:

@@ -1,0 +1,153 @@
+"""The TF_CONFIG shapes and environment the engines write (docs/distributed.md, "Engines"), each
+fed as the engine writes it; a cluster of workers only trained for real on 127.0.0.1."""
+
+import json
+import os
+import socket
+
+import pytest
+import tensorflow as tf
+
+from cifar10_estimator.config import plan
+from cifar10_estimator.distributed import roles
+from cifar10_estimator.model.checkpoints import checkpoint_step
+from trainer_fixtures import Trainer, trainer_args
+
+# Ray Train's TensorflowTrainer (ray/train/tensorflow/config.py, _setup_tensorflow_environment)
+# and SageMaker's multi-worker mirrored distribution: workers only.
+RAY_TRAIN = {"cluster": {"worker": ["10.0.0.1:40001", "10.0.0.2:40002", "10.0.0.3:40003"]},
+             "task": {"type": "worker", "index": 1}}
+RAY_TRAIN_ONE = {"cluster": {"worker": ["10.0.0.1:40001"]}, "task": {"type": "worker", "index": 0}}
+# SageMaker's parameter-server distribution: a "master", a ps on every host.
+SAGEMAKER_PS = {"cluster": {"master": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"],
+                            "worker": ["algo-2:2222"]},
+                "environment": "cloud", "task": {"index": 0, "type": "worker"}}
+# Vertex AI: chief, workers, ps and evaluator, plus keys of its own.
+VERTEX = {"cluster": {"chief": ["cmle-training-workerpool0-ab-0:2222"],
+                      "worker": ["cmle-training-workerpool1-ab-0:2222"]},
+          "environment": "cloud", "job": {"worker_pool_specs": [{"replica_count": 1}]},
+          "task": {"type": "worker", "index": 0, "trial": ""}}
+# Kubeflow's TFJob operator: every replica type listed, the evaluator included.
+KUBEFLOW = {"cluster": {"chief": ["job-chief-0.ns.svc:2222"], "ps": ["job-ps-0.ns.svc:2222"],
+                        "evaluator": ["job-evaluator-0.ns.svc:2222"]},
+            "task": {"type": "evaluator", "index": 0}}
+
+
+def _both(value: dict):
+    """Our role, and Estimator's RunConfig reading what the trainer sets TF_CONFIG to."""
+    text = json.dumps(value)
+    role = roles.parse(text)
+    seen = roles.estimator_tf_config(text, role)
+    before = os.environ.pop("TF_CONFIG", None)
+    try:
+        if seen is not None:
+            os.environ["TF_CONFIG"] = seen
+        rc = tf.estimator.RunConfig()
+    finally:
+        os.environ.pop("TF_CONFIG", None)
+        if before is not None:
+            os.environ["TF_CONFIG"] = before
+    return role, rc, seen
+
+
+def test_a_cluster_of_workers_only_has_worker_0_as_its_chief():
+    role, rc, seen = _both(RAY_TRAIN)
+    assert (role.task_type, role.task_id, role.is_chief) == ("worker", 0, False)
+    assert role.num_trainers == 3 and role.trainer_index == 1
+    assert (rc.task_type, rc.task_id, rc.is_chief, rc.num_worker_replicas) == (
+        "worker", 0, False, 3)
+    assert json.loads(seen)["cluster"] == {"chief": ["10.0.0.1:40001"],
+                                           "worker": ["10.0.0.2:40002", "10.0.0.3:40003"]}
+    chief, rc, _ = _both({**RAY_TRAIN, "task": {"type": "worker", "index": 0}})
+    assert chief.is_chief and chief.evaluates_at_end and rc.is_chief
+    assert chief.peers == {"worker:0": "10.0.0.2:40002", "worker:1": "10.0.0.3:40003"}
+
+
+def test_one_worker_alone_is_a_local_run():
+    role, rc, seen = _both(RAY_TRAIN_ONE)
+    assert role == plan.Role() and seen is None and rc.is_chief and not rc.cluster_spec
+
+
+def test_sagemaker_vertex_and_kubeflow_shapes_are_taken_as_written():
+    role, rc, seen = _both(SAGEMAKER_PS)
+    assert (role.task_type, role.num_ps, role.num_trainers) == ("worker", 2, 2)
+    assert json.loads(seen) == SAGEMAKER_PS and rc.num_ps_replicas == 2
+    role, rc, seen = _both(VERTEX)
+    assert (role.task_type, role.trainer_index, rc.task_type) == ("worker", 1, "worker")
+    assert json.loads(seen)["job"] == VERTEX["job"]  # its own keys pass through
+    role, rc, _ = _both(KUBEFLOW)
+    assert role.task_type == rc.task_type == "evaluator" and role.num_trainers == 1
+    assert not role.evaluates_at_end  # the evaluator task does
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_reports(
+        tiny_records, tmp_path):
+    # TF_CONFIG as Ray Train and SageMaker write it: two workers, no chief, no evaluator.
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    flags = trainer_args(data_dir, job_dir, "--distribution-strategy", "multi-worker-mirrored",
+                         "--train-steps", "6", "--save-checkpoints-steps", "3")
+    tasks = [Trainer(flags, tmp_path / f"worker{i}.log", tf_config=json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}))
+        for i in range(2)]
+    codes = [task.finish(timeout=240) for task in tasks]
+    logs = [task.text() for task in tasks]
+    assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert "role: chief 0 of the cluster chief 127.0.0.1" in logs[0]
+    assert "role: worker 0 of the cluster" in logs[1]
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 6
+    # Worker 0, the chief, evaluated the final checkpoint, exported it and wrote the report.
+    report = json.loads((job_dir / "eval_report.json").read_text())
+    assert report["global_step"] == 6
+    (version,) = os.listdir(job_dir / "export")
+    assert json.loads((job_dir / "export" / version / "assets.extra" / "export.json"
+                       ).read_text())["global_step"] == 6
+    assert "eval_report.json" not in logs[1] and "exported SavedModel" not in logs[1]
+
+
+def test_the_engines_folders_are_defaults_under_the_flags_given():
+    from cifar10_estimator.config import engines, flags
+
+    environ = {"SM_MODEL_DIR": "/opt/ml/model", "SM_CHANNEL_TRAINING": "/opt/ml/input/data/t",
+               "AIP_MODEL_DIR": "gs://b/model", "AIP_CHECKPOINT_DIR": "gs://b/checkpoints"}
+    found = engines.settings(environ)
+    assert found == {"export_dir": ("/opt/ml/model", "SM_MODEL_DIR"),
+                     "data_dir": ("/opt/ml/input/data/t", "SM_CHANNEL_TRAINING"),
+                     "job_dir": ("gs://b/checkpoints", "AIP_CHECKPOINT_DIR")}
+    under = {name: value for name, (value, _) in found.items()}
+    config, _ = flags.parse(["--model_dir", "s3://b/job", "--data-dir", "d"], under)
+    assert (config.job_dir, config.data_dir, config.export_dir) == (
+        "s3://b/job", "d", "/opt/ml/model")  # the flags given win
+    assert engines.settings({"AIP_MODEL_DIR": ""}) == {}
+
+
+def test_sagemakers_arguments_and_environment_train_and_export_where_it_looks(
+        tiny_records, tmp_path):
+    # SageMaker's script mode: hyperparameters as flags, --model_dir, the data channel and the
+    # model folder in the environment.
+    from trainer_fixtures import TINY_FLAGS, run_module
+
+    data_dir, _ = tiny_records
+    model = tmp_path / "opt-ml-model"
+    proc = run_module("cifar10_estimator", "--model_dir", str(tmp_path / "job"), *TINY_FLAGS,
+                      "--train-steps", "2", "--precise-bn-batches", "0",
+                      env_extra={"SM_MODEL_DIR": str(model), "SM_CHANNEL_TRAINING": data_dir})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"--export-dir {model}: from SM_MODEL_DIR" in proc.stderr
+    assert f"--data-dir {data_dir}: from SM_CHANNEL_TRAINING" in proc.stderr
+    (version,) = os.listdir(model)
+    assert (model / version / "saved_model.pb").exists()
+    assert checkpoint_step(tf.train.latest_checkpoint(tmp_path / "job")) == 2
