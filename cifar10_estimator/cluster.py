@@ -62,6 +62,16 @@ def build_parser() -> cli.Parser:
                         help="the address the tasks reach each other at, in TF_CONFIG (they "
                              "listen on every interface of their network whatever it says); "
                              "in a private namespace a loopback address")
+    parser.add_argument(
+        "--ray", metavar="ADDRESS", default=None,
+        help="run the tasks as actors on the Ray cluster at ADDRESS (the address `ray start "
+             "--head` prints, or auto for the one this host belongs to), spread over its "
+             "nodes; every path must be a bucket or a folder the nodes share "
+             "(docs/distributed.md, 'Ray')")
+    parser.add_argument("--cpus-per-task", type=float, default=1.0,
+                        help="with --ray: CPUs each chief, worker and evaluator asks Ray for")
+    parser.add_argument("--gpus-per-task", type=float, default=0.0,
+                        help="with --ray: GPUs each chief, worker and evaluator asks Ray for")
     parser.add_argument("--timeout-secs", type=float, default=None,
                         help="stop every task and fail after this long (default: no limit)")
     return parser
@@ -108,6 +118,8 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
                         f"parameter servers), got {num_ps}")
     paths = {"--data-dir": parsed.data_dir, "--job-dir": parsed.job_dir,
              "--export-dir": parsed.export_dir}
+    if args.ray is not None:
+        return _run_on_ray(args, num_ps, trainer_args, paths, out)
     network = launcher.choose_network(args.network, paths, args.host, os.geteuid(),
                                       os.getegid())
     try:
@@ -118,6 +130,28 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         return cluster.run(args.timeout_secs)
     finally:
         network.close()  # the namespace ends once its last task has exited
+
+
+def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: TextIO) -> int:
+    from cifar10_estimator.distributed import ray_launcher
+    from cifar10_estimator.ray_node import TaskRunner
+
+    if args.network == launcher.PRIVATE:
+        raise UserError("--network private: the tasks of --ray run on the Ray nodes' own "
+                        "networks; leave --network out")
+    if args.cpus_per_task < 0 or args.gpus_per_task < 0:
+        raise UserError("--cpus-per-task and --gpus-per-task must be 0 or more")
+    ray_launcher.connect(args.ray)
+    tasks, placed = ray_launcher.place(TaskRunner, args.num_workers, num_ps, args.evaluator,
+                                       args.cpus_per_task, args.gpus_per_task)
+    cluster = ray_launcher.RayCluster(tasks, placed, trainer_args, os.environ, out)
+    try:
+        ray_launcher.check_shared(paths, placed)
+        cluster.say(ray_launcher.summary(placed))
+        signal.signal(signal.SIGTERM, _interrupt)
+        return cluster.run(args.timeout_secs)
+    finally:
+        cluster.close()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

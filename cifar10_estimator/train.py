@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from cifar10_estimator import logs
+from cifar10_estimator import logs, storage
 from cifar10_estimator.errors import run_cli
 from cifar10_estimator.config import checks, engines, flags, overlays
 from cifar10_estimator.config.fields import flag
@@ -124,7 +124,31 @@ def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack):
     if result.role != "ps":
         for line in summary.run_summary(config, result, time.monotonic() - started):
             log.info(line)
+    _report_to_ray_train(result)
     return result
+
+
+def _report_to_ray_train(result) -> None:
+    """Inside Ray Train's training function (``TensorflowTrainer``), hands the run's final
+    figures to Ray Train (``ray.train.report``, which every worker calls), with the export as
+    the chief's checkpoint where it is a local folder (Ray Train keeps a run's figures only
+    with a checkpoint, and copies it to its storage); elsewhere nothing."""
+    if "ray.train" not in sys.modules:  # Ray Train's worker has imported it
+        return
+    import ray.train
+
+    try:
+        ray.train.get_context()
+    except RuntimeError:  # not in a training function
+        return
+    figures = {name: float(value) for name, value in (result.eval_metrics or {}).items()
+               if isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0}
+    figures.update(steps_trained=result.steps_trained,
+                   exported=int(result.export_path is not None))
+    checkpoint = None
+    if result.export_path and not storage.is_url(result.export_path):
+        checkpoint = ray.train.Checkpoint.from_directory(result.export_path)
+    ray.train.report(figures, checkpoint=checkpoint)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

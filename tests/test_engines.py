@@ -116,6 +116,9 @@ def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_repor
     assert json.loads((job_dir / "export" / version / "assets.extra" / "export.json"
                        ).read_text())["global_step"] == 6
     assert "eval_report.json" not in logs[1] and "exported SavedModel" not in logs[1]
+    # Worker 1 stayed until the chief's report: the chief's coordination service saw no task
+    # leave early (it logs errors, " E ", when one does).
+    assert not any(" E " in log or "Traceback" in log for log in logs), logs[0][-3000:]
 
 
 def test_the_engines_folders_are_defaults_under_the_flags_given():

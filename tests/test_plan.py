@@ -36,8 +36,9 @@ def test_tf_configs_value_gives_the_role():
     # An evaluator keeps the cluster (Estimator's RunConfig empties it): it counts the workers.
     evaluator = roles.parse(_tf_config("evaluator", 0, {**CLUSTER, "evaluator": ["h:5"]}))
     assert not evaluator.in_cluster and evaluator.num_trainers == 3
-    with pytest.raises(UserError, match='TF_CONFIG: "cluster" must have exactly one "chief"'):
-        roles.parse(_tf_config("worker", 0, {"worker": ["h:1", "h:2"]}))
+    with pytest.raises(UserError, match='TF_CONFIG: "cluster" must have exactly one "chief" '
+                                        'task, or only "worker" tasks'):
+        roles.parse(_tf_config("worker", 0, {"chief": ["h:1", "h:2"], "worker": ["h:3"]}))
 
 
 def test_the_batch_is_resolved_once_per_worker_replica_and_global_step():

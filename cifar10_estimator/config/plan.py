@@ -39,6 +39,8 @@ class Role:
     task_type: str = "worker"
     task_id: int = 0
     cluster: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    # TF_CONFIG listed workers only (Ray Train, SageMaker): worker 0 became the chief.
+    workers_only: bool = False
 
     @property
     def local(self) -> bool:
@@ -71,10 +73,15 @@ class Role:
     @property
     def evaluates_at_end(self) -> bool:
         """The task that evaluates the final checkpoint after training: a local run, or the
-        chief of an all-reduce cluster that lists no evaluator task (a parameter-server
-        cluster evaluates in an evaluator task)."""
-        return self.local or (self.task_type in ("chief", "master") and not self.num_ps
-                              and "evaluator" not in self.cluster)
+        chief of a cluster of workers only that lists no evaluator (the engines that write
+        that shape run no evaluator task; elsewhere an evaluator task evaluates, listed in the
+        cluster or not)."""
+        return self.local or (self.chief_evaluates and self.task_type == "chief")
+
+    @property
+    def chief_evaluates(self) -> bool:
+        """Whether the chief of this task's cluster evaluates at the end (above)."""
+        return self.workers_only and "evaluator" not in self.cluster
 
     @property
     def num_trainers(self) -> int:

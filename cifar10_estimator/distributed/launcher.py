@@ -164,7 +164,13 @@ def make_cluster(num_workers: int, num_ps: int, host: str, ports: Sequence[int]
     """The cluster spec: ``chief`` (1), ``worker`` (num_workers - 1), ``ps`` (num_ps)."""
     if len(ports) != num_workers + num_ps:
         raise ValueError(f"need {num_workers + num_ps} ports, got {len(ports)}")
-    addresses = [f"{host}:{p}" for p in ports]
+    return cluster_of(num_workers, num_ps, [f"{host}:{p}" for p in ports])
+
+
+def cluster_of(num_workers: int, num_ps: int, addresses: Sequence[str]
+               ) -> dict[str, list[str]]:
+    """The cluster spec of ``addresses``: the chief's, the workers', then the ps'."""
+    addresses = list(addresses)
     cluster = {"chief": addresses[:1]}
     if num_ps:
         cluster["ps"] = addresses[num_workers:]
@@ -173,7 +179,7 @@ def make_cluster(num_workers: int, num_ps: int, host: str, ports: Sequence[int]
     return cluster
 
 
-def tf_config(cluster: dict, task_type: str, index: int) -> str:
+def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> str:
     """The ``TF_CONFIG`` value of one task (an evaluator gets the same cluster)."""
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
@@ -211,15 +217,24 @@ def plan(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1"
          network: Optional[Network] = None) -> list[Task]:
     """The tasks of a cluster on ports of ``host``, parameter servers first: free ports of this
     host, or ``network``'s (from 2222 in a private namespace)."""
+    check_sizes(num_workers, num_ps)
+    ports = (network or Network()).ports(num_workers + num_ps, host)
+    return tasks_of(make_cluster(num_workers, num_ps, host, ports), evaluator)
+
+
+def check_sizes(num_workers: int, num_ps: int) -> None:
     if num_workers < 1:
         raise UserError(f"--num-workers must be 1 or more (the chief counts), got {num_workers}")
     if num_ps < 0:
         raise UserError(f"--num-ps must be 0 or more, got {num_ps}")
-    ports = (network or Network()).ports(num_workers + num_ps, host)
-    cluster = make_cluster(num_workers, num_ps, host, ports)
-    tasks = [Task("ps", i, tf_config(cluster, "ps", i)) for i in range(num_ps)]
+
+
+def tasks_of(cluster: Mapping[str, Sequence[str]], evaluator: bool) -> list[Task]:
+    """One task per address of ``cluster`` (parameter servers first), and the evaluator."""
+    tasks = [Task("ps", i, tf_config(cluster, "ps", i)) for i in range(len(cluster.get("ps", ())))]
     tasks.append(Task("chief", 0, tf_config(cluster, "chief", 0)))
-    tasks += [Task("worker", i, tf_config(cluster, "worker", i)) for i in range(num_workers - 1)]
+    tasks += [Task("worker", i, tf_config(cluster, "worker", i))
+              for i in range(len(cluster.get("worker", ())))]
     if evaluator:
         tasks.append(Task("evaluator", 0, tf_config(cluster, "evaluator", 0)))
     return tasks
@@ -258,9 +273,12 @@ class Cluster:
         for task in self.tasks:
             self._launch(task)
 
-    def _launch(self, task: Task) -> None:
+    def _spawn(self, task: Task) -> subprocess.Popen:
+        """Starts the trainer process of ``task`` on this host. (``ray_launcher`` starts it on
+        a Ray node instead, behind the same interface: poll, terminate, kill, wait, pid and
+        stdout.)"""
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
-        task.process = subprocess.Popen(
+        return subprocess.Popen(
             [self.python, "-m", "cifar10_estimator", *self.trainer_args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
@@ -269,9 +287,15 @@ class Cluster:
             # single-threaded (setns into a user namespace requires it); no wrapper process, so
             # the pid said below is the task's.
             preexec_fn=self.network.join if self.network.namespace is not None else None)
+
+    def _launch(self, task: Task) -> None:
+        task.process = self._spawn(task)
         task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
         task.reader.start()
-        self.say(f"started {task.name} (pid {task.process.pid})")
+        self.say(f"started {task.name} (pid {task.process.pid}{self._where(task)})")
+
+    def _where(self, task: Task) -> str:
+        return ""
 
     def _restart_signalled(self) -> None:
         """Starts again every task that a signal stopped (not the launcher). This is what

@@ -146,7 +146,7 @@ def parse(text: Optional[str]) -> Role:
                **cluster}
     if task_type == "worker":
         task_type, index = ("chief", 0) if index == 0 else ("worker", index - 1)
-    return Role(task_type, index, cluster)
+    return Role(task_type, index, cluster, workers_only=True)
 
 
 def estimator_tf_config(text: Optional[str], role: Role) -> Optional[str]:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -110,6 +111,19 @@ def _report_of(plan: Plan, step: int) -> Optional[dict]:
         return final if final["global_step"] == step else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def wait_for_report(plan: Plan, step: int, timeout_secs: float, poll_secs: float = 0.5
+                    ) -> None:
+    """Waits until the chief's report of ``step`` exists (a worker whose chief evaluates at
+    the end); one line naming ``--cluster-timeout-secs`` after ``timeout_secs``."""
+    deadline = time.monotonic() + timeout_secs
+    while _report_of(plan, step) is None:
+        if time.monotonic() > deadline:
+            raise UserError(f"the chief's report of step {step} did not appear in "
+                            f"{plan.config.job_dir} within {timeout_secs:g} s "
+                            f"(--cluster-timeout-secs)")
+        time.sleep(poll_secs)
 
 
 def finished(plan: Plan, serving: Callable[[], ModelSettings]) -> Optional[TrainResult]:

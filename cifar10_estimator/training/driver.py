@@ -104,8 +104,12 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
     metrics = _train(task, preemption, estimator, train_spec, eval_spec)
     _check_lock(task)  # nothing after training either: no evaluation, report or export
     if not role.is_chief:
-        return TrainResult(metrics, None, role=role.kind, steps_trained=(
-            specs.latest_step(task) - task.start_step))
+        step = specs.latest_step(task)
+        if plan.all_reduce_trainer and role.chief_evaluates:
+            # The chief leads the job's coordination service and evaluates now: leaving
+            # before it has reported would make its service log this task as failed.
+            final.wait_for_report(plan, step, config.cluster_timeout_secs)
+        return TrainResult(metrics, None, role=role.kind, steps_trained=step - task.start_step)
 
     def evaluate() -> dict:
         with guards.training_errors(config.data_dir, config.job_dir):

@@ -1,0 +1,261 @@
+"""A training cluster on a Ray cluster's nodes: ``cifar10-cluster --ray ADDRESS``.
+
+The same roles, ``TF_CONFIG`` values, output and rules as the local launcher (``launcher``), with
+Ray placing the tasks:
+
+- One Ray actor per task (chief, workers, parameter servers, evaluator), spread over the nodes,
+  with the CPUs and GPUs asked for (``--cpus-per-task``, ``--gpus-per-task``; a parameter
+  server asks for none: it holds variables and computes little). Each actor binds a free port
+  on its node, below the kernel's ephemeral range, and holds it until it starts its trainer
+  (``ray_node.TaskRunner``); ``TF_CONFIG`` lists the nodes' addresses with those ports.
+- Each actor starts ``python -m cifar10_estimator`` on its node with the trainer's flags, the
+  node's environment and the launcher's own storage, TensorFlow, CUDA and NCCL variables
+  (``FORWARDED_PREFIXES``: the bucket's endpoint and keys travel with the job). Their output
+  comes back with the task's prefix, ``[chief] ...``.
+- The ending and restart rules are the local launcher's (``launcher.Cluster``, of which
+  ``RayCluster`` is a kind): a trainer that a signal stopped, or that was killed, is started
+  again in its actor, on the same node and port, and resumes from the latest checkpoint; a task
+  that failed stops the job; the job ends when the chief, the workers and the evaluator have
+  exited 0. A task whose actor was lost (its node died) fails the job: the others' TF_CONFIG
+  names its address.
+- Every path of the job must be one the nodes share: a bucket (``s3://``, ``gs://``), or a
+  folder every node mounts at the same path. ``check_shared`` writes a token into a local
+  ``--job-dir`` and asks every actor to read it, and asks every actor for ``--data-dir``'s
+  metadata file; a node that does not see them is refused in one line, before anything trains.
+
+Ray is an optional dependency (the ``ray`` extra); nothing here imports it before it runs.
+"""
+
+import dataclasses
+import json
+import os
+import secrets
+import subprocess
+import time
+from typing import Mapping, Optional, Sequence, TextIO
+
+from cifar10_estimator import storage
+from cifar10_estimator.data.metadata import METADATA_FILENAME
+from cifar10_estimator.distributed import launcher
+from cifar10_estimator.errors import UserError
+
+# The launcher's variables every task gets, whatever its node's environment: storage (S3's
+# endpoint and keys, Google's credentials), TensorFlow's own, CUDA's and NCCL's.
+FORWARDED_PREFIXES = ("AWS_", "S3_", "GOOGLE_", "GCS_", "TF_", "CUDA_", "NCCL_")
+_NOT_FORWARDED = ("TF_CONFIG",)  # each task gets its own
+# How long the actors may take to be placed and bind their ports; a cluster without room for
+# them never places them.
+PLACEMENT_TIMEOUT_SECS = 120
+_READ_SECS = 0.2  # how often the launcher asks an actor for its trainer's new output
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'cifar10_estimator[ray]'") from None
+    return ray
+
+
+def connect(address: str) -> None:
+    """Joins the Ray cluster at ``address`` (``auto``: the one this host runs)."""
+    ray = _ray()
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR",
+                 configure_logging=False, include_dashboard=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise UserError(f"--ray {address}: cannot join the Ray cluster "
+                        f"({' '.join(str(e).split())[:300]}); start one with `ray start "
+                        f"--head` and give the address it prints") from None
+
+
+def forwarded(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` every task gets (``FORWARDED_PREFIXES``)."""
+    return {k: v for k, v in environ.items()
+            if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+
+
+@dataclasses.dataclass
+class Placed:
+    """A task's actor and where Ray placed it."""
+
+    actor: object
+    address: str  # node:port
+    node_id: str
+
+
+class RayProcess:
+    """A trainer process on a Ray node, seen as the local launcher sees a ``Popen``."""
+
+    def __init__(self, actor, pid: int):
+        self._ray = _ray()
+        self._actor = actor
+        self.pid = pid
+        self._code: Optional[int] = None
+        self._lost = False
+
+    def _call(self, method: str, *args):
+        try:
+            return self._ray.get(getattr(self._actor, method).remote(*args), timeout=30)
+        except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+            self._lost = True
+            return None
+
+    @property
+    def stdout(self):
+        """The trainer's output lines, until it has ended."""
+        while True:
+            got = self._call("read")
+            if got is None:
+                self._code = 1
+                yield "[its Ray actor was lost: its node died or Ray stopped it]\n"
+                return
+            lines, code = got
+            yield from lines
+            if code is not None:
+                self._code = code
+                return
+            time.sleep(_READ_SECS)
+
+    def poll(self) -> Optional[int]:
+        if self._code is None:
+            code = self._call("poll")
+            if self._lost:
+                self._code = 1  # the others' TF_CONFIG names it: the job fails
+            elif code is not None:
+                self._code = code
+        return self._code
+
+    def _send(self, signum: int) -> None:
+        self._call("send", signum)
+
+    def terminate(self) -> None:
+        self._send(15)
+
+    def kill(self) -> None:
+        self._send(9)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("ray task", timeout)
+            time.sleep(_READ_SECS)
+        return self._code
+
+
+class RayNetwork:
+    """The local launcher's ``Network``, for tasks on Ray nodes: their nodes' own."""
+
+    namespace = None
+
+    def line(self, addresses: Sequence[str]) -> str:
+        return (f"network: the Ray cluster's nodes: the tasks listen on every interface of "
+                f"their node ({', '.join(sorted(addresses))}), and TensorFlow's gRPC server "
+                f"has no authentication; the cluster's network must be private "
+                f"(docs/distributed.md, 'Ray')")
+
+    def close(self) -> None:
+        pass
+
+
+def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: float,
+          gpus: float) -> tuple[list[launcher.Task], dict[str, Placed]]:
+    """Starts one actor per task, spread over the nodes, each holding a port: the tasks with
+    their TF_CONFIG, and each task's actor by name."""
+    ray = _ray()
+    launcher.check_sizes(num_workers, num_ps)
+    remote = ray.remote(runner_class)
+
+    def actor(task_cpus: float, task_gpus: float):
+        return remote.options(num_cpus=task_cpus, num_gpus=task_gpus,
+                              scheduling_strategy="SPREAD").remote()
+
+    roles = ([("chief", 0)] + [("worker", i) for i in range(num_workers - 1)]
+             + [("ps", i) for i in range(num_ps)] + ([("evaluator", 0)] if evaluator else []))
+    actors = [actor(0 if kind == "ps" else cpus, 0 if kind == "ps" else gpus)
+              for kind, _ in roles]
+    try:
+        reserved = ray.get([a.reserve.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_SECS)
+    except ray.exceptions.GetTimeoutError:
+        for a in actors:
+            ray.kill(a)
+        total = ray.cluster_resources()
+        raise UserError(f"the Ray cluster placed not all {len(actors)} tasks within "
+                        f"{PLACEMENT_TIMEOUT_SECS} s: it has {total.get('CPU', 0):g} CPUs and "
+                        f"{total.get('GPU', 0):g} GPUs, the tasks ask for {cpus:g} CPUs and "
+                        f"{gpus:g} GPUs each (parameter servers none); use --cpus-per-task or "
+                        f"fewer tasks") from None
+    placed = {launcher.task_name(kind, i): Placed(a, f"{ip}:{port}", node)
+              for (kind, i), a, (ip, port, node) in zip(roles, actors, reserved)}
+    trainers = [placed[launcher.task_name(k, i)].address for k, i in roles if k != "ps"
+                and k != "evaluator"]
+    ps = [placed[launcher.task_name("ps", i)].address for i in range(num_ps)]
+    cluster = launcher.cluster_of(num_workers, num_ps, trainers + ps)
+    return launcher.tasks_of(cluster, evaluator), placed
+
+
+def check_shared(paths: Mapping[str, Optional[str]], placed: Mapping[str, Placed]) -> None:
+    """Refuses, in one line, a local path of the job that a node does not see (see the
+    module's docstring); a bucket's path is the trainers' to check."""
+    ray = _ray()
+    actors = list(placed.values())
+    job_dir = paths.get("--job-dir")
+    if job_dir and not storage.is_url(job_dir):
+        os.makedirs(job_dir, exist_ok=True)
+        token = secrets.token_hex(16).encode()
+        probe = os.path.join(os.path.abspath(job_dir), f".shared-check-{token.decode()[:8]}")
+        with open(probe, "wb") as f:
+            f.write(token)
+        try:
+            seen = ray.get([p.actor.sees.remote(probe, token) for p in actors])
+        finally:
+            os.remove(probe)
+        _refuse_unseen("--job-dir", job_dir, placed, seen)
+    data_dir = paths.get("--data-dir")
+    if data_dir and not storage.is_url(data_dir):
+        metadata = os.path.join(os.path.abspath(data_dir), METADATA_FILENAME)
+        if os.path.isfile(metadata):
+            size = os.path.getsize(metadata)
+            seen = ray.get([p.actor.sees.remote(metadata, None, size) for p in actors])
+            _refuse_unseen("--data-dir", data_dir, placed, seen)
+
+
+def _refuse_unseen(flag: str, path: str, placed: Mapping[str, Placed], seen: Sequence[bool]
+                   ) -> None:
+    blind = [name for (name, _), ok in zip(placed.items(), seen) if not ok]
+    if blind:
+        where = placed[blind[0]].address.rpartition(":")[0]
+        raise UserError(f"{flag} {path} is not shared by the Ray cluster's nodes ({blind[0]}'s "
+                        f"node, {where}, does not see it): use a bucket (s3://, gs://) or a "
+                        f"folder every node mounts at the same path")
+
+
+class RayCluster(launcher.Cluster):
+    """The local launcher's supervision of tasks that run on Ray nodes."""
+
+    def __init__(self, tasks: Sequence[launcher.Task], placed: Mapping[str, Placed],
+                 trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO):
+        super().__init__(tasks, trainer_args, forwarded(env), out=out, network=RayNetwork())
+        self.placed = dict(placed)
+
+    def _spawn(self, task: launcher.Task) -> RayProcess:
+        actor = self.placed[task.name].actor
+        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
+        pid = _ray().get(actor.start.remote(self.trainer_args, env))
+        return RayProcess(actor, pid)
+
+    def _where(self, task: launcher.Task) -> str:
+        return f" on {self.placed[task.name].address.rpartition(':')[0]}"
+
+    def close(self) -> None:
+        ray = _ray()
+        for p in self.placed.values():
+            ray.kill(p.actor)
+
+
+def summary(placed: Mapping[str, Placed]) -> str:
+    nodes = {p.node_id for p in placed.values()}
+    return (f"placed {len(placed)} tasks on {len(nodes)} Ray node(s): "
+            + json.dumps({name: p.address for name, p in placed.items()}))
+

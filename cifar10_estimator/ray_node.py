@@ -1,0 +1,112 @@
+"""What each task's Ray actor runs on its node for ``cifar10-cluster --ray``
+(``distributed.ray_launcher``): it holds the task's port until the trainer starts, starts
+the trainer process with the node's environment plus what the launcher sends, and hands its
+output, its exit status and signals across.
+
+It is a program of its own, on the node, like a command: it reads the node's environment.
+"""
+
+import collections
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Optional
+
+# The task's port is chosen below Linux's default range of ephemeral ports (32768-60999,
+# /proc/sys/net/ipv4/ip_local_port_range), where the kernel hands none out by itself, and
+# the actor holds it bound until it starts the trainer. TensorFlow's gRPC server turns
+# SO_REUSEPORT off, so the actor lets go just before the trainer binds.
+PORT_RANGE = (20000, 32767)
+
+
+class TaskRunner:
+    """One task of the cluster on a Ray node: its port, its trainer process, its output."""
+
+    def __init__(self):
+        self._process: Optional[subprocess.Popen] = None
+        self._lines: collections.deque = collections.deque()
+        self._reader: Optional[threading.Thread] = None
+        self._port: Optional[socket.socket] = None
+
+    def reserve(self) -> tuple[str, int, str]:
+        """Binds a free port on this node and keeps it: (node address, port, node id)."""
+        import ray
+
+        for port in random.sample(range(PORT_RANGE[0], PORT_RANGE[1] + 1), 200):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("0.0.0.0", port))
+                break
+            except OSError:
+                sock.close()
+        else:
+            raise RuntimeError(f"no free port in {PORT_RANGE} on this node")
+        self._port = sock
+        context = ray.get_runtime_context()
+        return ray.util.get_node_ip_address(), sock.getsockname()[1], context.get_node_id()
+
+    def sees(self, path: str, content: Optional[bytes] = None, size: Optional[int] = None
+             ) -> bool:
+        """Whether this node sees the file ``path`` with ``content`` (or of ``size`` bytes)."""
+        try:
+            if content is not None:
+                with open(path, "rb") as f:
+                    return f.read(len(content) + 1) == content
+            return os.path.getsize(path) == size
+        except OSError:
+            return False
+
+    def start(self, args: list[str], env: dict[str, str]) -> int:
+        """Starts ``python -m cifar10_estimator args`` with this node's environment and
+        ``env``; returns its pid."""
+        self._lines.clear()
+        self._release()  # the trainer binds it now
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "cifar10_estimator", *args], env={**os.environ, **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        self._reader = threading.Thread(target=self._read, args=(self._process,), daemon=True)
+        self._reader.start()
+        return self._process.pid
+
+    def _read(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            self._lines.append(line)
+
+    def _release(self) -> None:
+        port, self._port = self._port, None
+        if port is not None:
+            port.close()
+
+    def read(self) -> tuple[list[str], Optional[int]]:
+        """The output lines since the last call, and the exit status once the process has
+        ended and its output is all read (None before)."""
+        lines = []
+        while self._lines:
+            lines.append(self._lines.popleft())
+        code = self._process.poll() if self._process else None
+        if code is not None and self._reader is not None and self._reader.is_alive():
+            code = None  # lines still coming
+        if code is not None and self._lines:
+            code = None
+        return lines, code
+
+    def poll(self) -> Optional[int]:
+        return self._process.poll() if self._process else None
+
+    def send(self, signum: int) -> None:
+        """Sends ``signum`` to the trainer's process group."""
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill_trainer(self) -> int:
+        """SIGKILL to the trainer alone, as a lost process (for tests); returns its pid."""
+        os.kill(self._process.pid, signal.SIGKILL)
+        return self._process.pid

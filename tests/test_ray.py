@@ -1,0 +1,236 @@
+"""Ray as an engine (docs/distributed.md, "Ray"): a real Ray cluster of two nodes on this host
+(``ray start --head``, ``ray start --address``), ``cifar10-cluster --ray`` on it with the
+records and the job dir in a bucket of the local S3 server, a task killed mid-run, a
+parameter-server job, and Ray Train's ``TensorflowTrainer`` calling ``train.run``.
+
+Each node is a ``ray start --block`` in a process group of its own, which the fixture ends;
+``ray stop`` would end every Ray process on the machine."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from test_object_storage import _client, _keys, _s3_env, bucket, s3_server  # noqa: F401
+from trainer_fixtures import trainer_args, trainer_env, work_dir
+
+ray = pytest.importorskip("ray")
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+pytestmark = [pytest.mark.cluster]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive_nodes(address: str) -> int:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import ray; ray.init(address=%r, logging_level='ERROR'); "
+                               "print(sum(n['Alive'] for n in ray.nodes()))" % address],
+        capture_output=True, text=True, timeout=60, cwd=work_dir(), env=trainer_env())
+    return int(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else 0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes on this host, two CPUs each: the head's address."""
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    # A short folder of its own: Ray's socket paths must fit in 107 bytes.
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    common = ["--num-cpus", "2", "--disable-usage-stats", "--block"]
+    env = trainer_env(extra={"RAY_memory_monitor_refresh_ms": "0"})
+    nodes = [subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--temp-dir", temp,
+                               "--include-dashboard=false", *common],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, cwd=work_dir(), env=env)]
+    try:
+        deadline = time.monotonic() + 90
+        while _alive_nodes(address) < 1:
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(1)
+        nodes.append(subprocess.Popen([RAY, "start", f"--address={address}", *common],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True, cwd=work_dir(), env=env))
+        while _alive_nodes(address) < 2:
+            assert time.monotonic() < deadline, "the second Ray node did not join"
+            time.sleep(1)
+        yield address
+    finally:
+        for node in reversed(nodes):  # these nodes only: their process groups
+            try:
+                os.killpg(node.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for node in reversed(nodes):
+            try:
+                node.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait(10)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _upload(endpoint: str, bucket: str, folder: str, prefix: str) -> None:
+    client = _client(endpoint)
+    for name in os.listdir(folder):
+        client.upload_file(os.path.join(folder, name), bucket, f"{prefix}/{name}")
+
+
+def _cluster(address: str, launcher_flags: list[str], trainer: list[str], env: dict,
+             log) -> subprocess.Popen:
+    out = open(log, "w")
+    return subprocess.Popen([sys.executable, "-m", "cifar10_estimator.cluster", "--ray", address,
+                             *launcher_flags, "--", *trainer],
+                            stdout=out, stderr=subprocess.STDOUT, cwd=work_dir(), env=env,
+                            start_new_session=True)
+
+
+def _wait_for(log, pattern: str, process: subprocess.Popen, timeout: float) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = re.search(pattern, log.read_text())
+        if found:
+            return found
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"no {pattern!r} in:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(420)
+def test_an_all_reduce_job_on_ray_loses_a_task_and_ends_in_the_bucket(
+        ray_cluster, s3_server, bucket, tiny_records, tmp_path):
+    # chief + worker (all-reduce) + evaluator as Ray actors, records and job dir in a bucket.
+    local_data, _ = tiny_records
+    _upload(s3_server, bucket, local_data, "data")
+    data_dir, job_dir = f"s3://{bucket}/data", f"s3://{bucket}/job"
+    log = tmp_path / "cluster.log"
+    launcher = _cluster(
+        ray_cluster, ["--num-workers", "2", "--evaluator"],
+        trainer_args(data_dir, job_dir, "--distribution-strategy", "multi-worker-mirrored",
+                     "--train-steps", "40", "--save-checkpoints-steps", "10",
+                     "--eval-throttle-secs", "1", "--precise-bn-batches", "0",
+                     "--progress-secs", "1"),
+        trainer_env(extra=_s3_env(s3_server)), log)
+    try:
+        placed = _wait_for(log, r"placed 3 tasks on (\d) Ray node\(s\)", launcher, 120)
+        assert placed.group(1) == "2"  # spread over both nodes
+        worker = int(_wait_for(log, r"started worker0 \(pid (\d+) on ", launcher, 60).group(1))
+        _wait_for(log, r"\[chief\] .*Saving checkpoints for 10 ", launcher, 240)
+        os.kill(worker, signal.SIGKILL)  # a lost task: its node's process, gone
+        assert launcher.wait(300) == 0, log.read_text()[-5000:]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGTERM)
+            launcher.wait(60)
+    output = log.read_text()
+    assert "worker0 stopped by a signal (killed by SIGKILL): starting it again" in output
+    for task in ("chief", "worker0", "evaluator"):
+        assert f"[cluster] {task}: exit status 0" in output, output[-4000:]
+    # Nothing lost but the steps since the last checkpoint: the job resumed from one.
+    assert re.search(r"\[chief\] .*resuming from s3://.*/job/model\.ckpt-(10|20|30)", output)
+    assert re.search(r"\[evaluator\] .*final evaluation at step 40", output), output[-4000:]
+    keys = _keys(s3_server, bucket, "job/")
+    assert "job/eval_report.json" in keys and "job/model.ckpt-40.index" in keys
+    assert any(re.fullmatch(r"job/export/\d+/saved_model\.pb", k) for k in keys)
+    assert "network: the Ray cluster's nodes" in output
+
+
+@pytest.mark.timeout(300)
+def test_a_parameter_server_job_on_ray(ray_cluster, tiny_records, tmp_path):
+    # The nodes share this host's disk: local folders pass the check of shared paths.
+    data_dir, _ = tiny_records
+    log = tmp_path / "cluster.log"
+    launcher = _cluster(ray_cluster, ["--num-workers", "2", "--num-ps", "1"],
+                        trainer_args(data_dir, tmp_path / "job", "--train-steps", "20",
+                                     "--save-checkpoints-steps", "10"),
+                        trainer_env(), log)
+    assert launcher.wait(240) == 0, log.read_text()[-5000:]
+    output = log.read_text()
+    for task in ("chief", "worker0", "ps0"):
+        assert f"[cluster] {task}: exit status 0" in output, output[-4000:]
+    assert "asynchronous updates" in output
+    (version,) = os.listdir(tmp_path / "job" / "export")
+    info = json.loads((tmp_path / "job" / "export" / version / "assets.extra" / "export.json"
+                       ).read_text())
+    assert info["global_step"] >= 20
+
+
+RAY_TRAIN = textwrap.dedent("""
+    import json, sys
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    address, argv, storage = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    ray.init(address=address, logging_level="ERROR")
+
+    def train_loop_per_worker(config):
+        from cifar10_estimator import train
+        train.run(config["argv"])
+
+    result = TensorflowTrainer(
+        train_loop_per_worker, train_loop_config={"argv": argv},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(storage_path=storage, name="cifar10")).fit()
+    print(json.dumps({"metrics": result.metrics, "error": repr(result.error),
+                      "checkpoint": result.checkpoint and result.checkpoint.path}))
+""")
+
+
+@pytest.mark.timeout(300)
+def test_ray_trains_tensorflow_trainer_runs_train_run_to_an_export(ray_cluster, tiny_records,
+                                                                    tmp_path):
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    argv = trainer_args(data_dir, job_dir, "--distribution-strategy", "multi-worker-mirrored",
+                        "--train-steps", "6", "--precise-bn-batches", "0")
+    done = subprocess.run([sys.executable, "-c", RAY_TRAIN, ray_cluster,
+                           json.dumps([str(a) for a in argv]), str(tmp_path / "ray-results")],
+                          capture_output=True, text=True, timeout=280, cwd=work_dir(),
+                          env=trainer_env())
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["error"] == "None", out
+    # Worker 0 of Ray Train's workers-only TF_CONFIG was the chief: it evaluated at the end,
+    # exported and reported; its figures reached Ray Train.
+    assert out["metrics"]["exported"] == 1 and 0 <= out["metrics"]["accuracy"] <= 1
+    assert json.loads((job_dir / "eval_report.json").read_text())["global_step"] == 6
+    assert len(os.listdir(job_dir / "export")) == 1
+    # The export is the run's checkpoint in Ray Train's storage.
+    assert os.path.isfile(os.path.join(out["checkpoint"], "saved_model.pb"))
+
+
+@pytest.mark.timeout(200)
+def test_a_job_dir_the_nodes_do_not_share_is_refused_in_one_line(ray_cluster, tiny_records,
+                                                                 tmp_path):
+    # /proc/self/cwd is the folder each process runs in: the launcher's job dir is one folder
+    # (in tmp_path), and each Ray actor, running where its node runs, looks into another, as a
+    # node without the mount would.
+    data_dir, _ = tiny_records
+    done = subprocess.run(
+        [sys.executable, "-m", "cifar10_estimator.cluster", "--ray", ray_cluster,
+         "--num-workers", "2", "--", *trainer_args(data_dir, "/proc/self/cwd/unshared-job",
+                                                   "--train-steps", "2")],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path, env=trainer_env())
+    assert done.returncode == 2, (done.stdout + done.stderr)[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("cifar10_estimator.cluster: error: --job-dir "
+                           "/proc/self/cwd/unshared-job is not shared by the Ray cluster's "
+                           "nodes (chief's node, "), line
+    assert "use a bucket (s3://, gs://) or a folder every node mounts" in line
+    assert "[chief]" not in done.stdout  # nothing started
+    assert not os.path.exists(os.path.join(work_dir(), "unshared-job"))
