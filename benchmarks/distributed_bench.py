@@ -6,7 +6,17 @@ Runs the trainer as users would, through the local launcher (``cifar10_estimator
 - ``local``: ``python -m cifar10_estimator`` without TF_CONFIG (no gRPC): the baseline;
 - ``1``: chief + 1 ps; ``2a``, ``2s``: chief + 1 worker + 1 ps, asynchronous and ``--sync``;
 - ``r1``, ``r2``: collective all-reduce (``--distribution-strategy multi-worker-mirrored``),
-  chief alone and chief + 1 worker, no ps.
+  chief alone and chief + 1 worker, no ps;
+- ``ray2``: ``r2``'s job launched on a Ray cluster (``cifar10_estimator.cluster --ray``): the
+  one at ``--ray ADDRESS``, or a one-node Ray cluster the bench starts on this host (and
+  stops), so that it runs on the same cores as ``r2``. Each task asks for every core
+  (``--cpus-per-task``, the node offering twice its cores): Ray sets a task's
+  ``OMP_NUM_THREADS`` to the CPUs it asked for, which bounds TensorFlow's oneDNN threads, and
+  ``r2``'s tasks, like any two processes on a host, may each use every core.
+
+"to 1st step" is the wall time from the launch to the chief's first progress line: start-up
+(TensorFlow loading, the cluster's tasks meeting, the graph), and for ``ray2`` what Ray adds
+(placing the actors, starting the trainers through them).
 
 Every line a task logs is time-stamped on arrival. Each trainer's progress lines carry the
 global step, so the global step rate is measured over the window in which every training task
@@ -29,6 +39,7 @@ cluster: the traffic model at the end says where each design stops scaling.
 """
 
 import argparse
+import contextlib
 import os
 import re
 import statistics
@@ -58,6 +69,7 @@ CONFIGS = {  # key: (label, training tasks, trainer flags, parameter servers)
     "2s": ("2 workers sync + 1 ps", 2, ["--sync"], 1),
     "r1": ("1 worker all-reduce", 1, ALL_REDUCE, 0),
     "r2": ("2 workers all-reduce", 2, ALL_REDUCE, 0),
+    "ray2": ("2 workers all-reduce, Ray", 2, ALL_REDUCE, 0),
 }
 # He et al. 2015's CIFAR ResNets: trainable parameters per depth (model/resnet.py's docstring).
 PARAMETERS = {20: 269_722, 32: 464_154, 44: 658_586, 56: 853_018, 110: 1_727_962}
@@ -107,6 +119,64 @@ def run_local(flags: list[str], recorder: Recorder) -> None:
             line for _, line in recorder.lines[-30:]))
 
 
+def run_on_ray(address: str, trainers: int, flags: list[str], recorder: Recorder) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    proc = subprocess.Popen([sys.executable, "-m", "cifar10_estimator.cluster", "--ray", address,
+                             "--num-workers", str(trainers), "--cpus-per-task",
+                             str(os.cpu_count()), "--", *flags], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    for line in proc.stdout:
+        recorder.write(line)
+    if proc.wait():
+        raise RuntimeError("the Ray cluster failed:\n" + "\n".join(
+            line for _, line in recorder.lines[-40:]))
+
+
+class LocalRay:
+    """A one-node Ray cluster on this host, in a process group of its own (``ray stop`` would
+    end every Ray process on the machine)."""
+
+    def __enter__(self) -> str:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        self.proc = subprocess.Popen(
+            [ray, "start", "--head", f"--port={port}", "--temp-dir", self.temp,
+             f"--num-cpus={2 * os.cpu_count()}", "--include-dashboard=false",
+             "--disable-usage-stats", "--block"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while subprocess.run([sys.executable, "-c", "import ray; ray.init(address=%r)"
+                              % self.address], capture_output=True).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the Ray head did not start")
+            time.sleep(1)
+        return self.address
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def first_step_secs(recorder: Recorder, started: float) -> float:
+    """From the launch to the chief's first progress line."""
+    return next(t for t, line in recorder.lines
+                if line.startswith("[chief] ") and RATE_LINE.search(line)) - started
+
+
 def measure(recorder: Recorder, trainers: list[str]) -> tuple[float, int]:
     """Global steps/s while every trainer runs: from the moment all of them have logged a
     first interval to the moment the first of them logs its last one. Every trainer's
@@ -146,15 +216,20 @@ def evaluate(job_dir: str, data_dir: str) -> float:
     return float(ACCURACY.search(proc.stdout).group(1))
 
 
-def run_once(args, key: str, data_dir: str, work: str) -> tuple[float, float, int, float]:
+def run_once(args, key: str, data_dir: str, work: str
+             ) -> tuple[float, float, int, float, float]:
     _, trainers, extra, num_ps = CONFIGS[key]
     job_dir = tempfile.mkdtemp(prefix=f"job-{key}-", dir=work)
     recorder = Recorder(args.verbose)
     steps = max(1, args.images // images_per_step(args, key))
     flags = trainer_flags(args, data_dir, job_dir, steps, extra)
+    started = time.monotonic()
     if trainers == 0:
         run_local(flags, recorder)
         names = ["chief"]
+    elif key.startswith("ray"):
+        run_on_ray(args.ray, trainers, flags, recorder)
+        names = ["chief"] + [f"worker{i}" for i in range(trainers - 1)]
     else:
         tasks = launcher.plan(num_workers=trainers, num_ps=num_ps, evaluator=False)
         if launcher.Cluster(tasks, flags, os.environ, out=recorder).run(timeout_secs=7200) != 0:
@@ -163,7 +238,7 @@ def run_once(args, key: str, data_dir: str, work: str) -> tuple[float, float, in
         names = ["chief"] + [f"worker{i}" for i in range(trainers - 1)]
     steps_per_sec, measured = measure(recorder, names)
     return (steps_per_sec * images_per_step(args, key), steps_per_sec, measured,
-            evaluate(job_dir, data_dir))
+            evaluate(job_dir, data_dir), first_step_secs(recorder, started))
 
 
 def traffic_table(num_layers: int) -> list[str]:
@@ -207,6 +282,8 @@ def main() -> int:
                         "its accuracy is a finished schedule's; piecewise stays at the peak "
                         "rate for short runs, whose accuracy then differs by up to 26 points "
                         "between seeds (docs/performance.md)")
+    parser.add_argument("--ray", metavar="ADDRESS", help="the Ray cluster of the ray2 "
+                        "configuration (default: a one-node one the bench starts here)")
     parser.add_argument("--verbose", action="store_true", help="echo the tasks' logs")
     args = parser.parse_args()
     keys = [k for k in args.configs.split(",") if k]
@@ -218,9 +295,13 @@ def main() -> int:
     print(f"ResNet-{args.num_layers}, batch {args.batch} per worker, {args.lr_schedule} learning "
           f"rate, {args.images:,} training images per run, {args.repeats} run(s) per "
           f"configuration", flush=True)
-    results: dict[str, list[tuple[float, float, int, float]]] = {k: [] for k in keys}
+    results: dict[str, list[tuple[float, float, int, float, float]]] = {k: [] for k in keys}
     first_seed = args.seed
-    with tempfile.TemporaryDirectory() as work:
+    with contextlib.ExitStack() as stack:
+        if any(k.startswith("ray") for k in keys) and not args.ray:
+            args.ray = stack.enter_context(LocalRay())
+            print(f"a one-node Ray cluster on this host: {args.ray}", flush=True)
+        work = stack.enter_context(tempfile.TemporaryDirectory())
         if args.fashion_mnist:
             fashion_mnist.check_source()
             data_dir = os.path.join(work, "fashion-mnist")
@@ -230,14 +311,16 @@ def main() -> int:
         for repeat in range(args.repeats):
             args.seed = first_seed + repeat
             for key in keys:
-                images, steps_per_sec, measured, accuracy = run_once(args, key, data_dir, work)
-                results[key].append((images, steps_per_sec, measured, accuracy))
-                print(f"  run {repeat + 1} (seed {args.seed}): {CONFIGS[key][0]:<24} "
+                images, steps_per_sec, measured, accuracy, first = run_once(
+                    args, key, data_dir, work)
+                results[key].append((images, steps_per_sec, measured, accuracy, first))
+                print(f"  run {repeat + 1} (seed {args.seed}): {CONFIGS[key][0]:<26} "
                       f"{images:7.1f} images/s {steps_per_sec:6.2f} global steps/s (over "
-                      f"{measured} steps), accuracy {accuracy:.2%}", flush=True)
+                      f"{measured} steps), accuracy {accuracy:.2%}, first step after "
+                      f"{first:.1f} s", flush=True)
 
-    print(f"\n{'configuration':<26}{'images/s':>10}{'steps/s':>10}{'vs local':>10}"
-          f"{'accuracy':>10}{'spread':>9}")
+    print(f"\n{'configuration':<28}{'images/s':>10}{'steps/s':>10}{'vs local':>10}"
+          f"{'accuracy':>10}{'spread':>9}{'to 1st step':>13}")
     baseline = (statistics.median(r[0] for r in results["local"]) if "local" in results
                 else None)
     for key in keys:
@@ -245,9 +328,10 @@ def main() -> int:
         steps = statistics.median(r[1] for r in results[key])
         accuracies = [r[3] for r in results[key]]
         ratio = f"{images / baseline:9.2f}x" if baseline else ""
-        print(f"{CONFIGS[key][0]:<26}{images:10.1f}{steps:10.2f}{ratio:>10}"
+        first = statistics.median(r[4] for r in results[key])
+        print(f"{CONFIGS[key][0]:<28}{images:10.1f}{steps:10.2f}{ratio:>10}"
               f"{statistics.median(accuracies):>10.2%}"
-              f"{max(accuracies) - min(accuracies):>8.2%}")
+              f"{max(accuracies) - min(accuracies):>8.2%}{first:>11.1f} s")
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other programs share the cores)")
     print()
     for line in traffic_table(args.num_layers):

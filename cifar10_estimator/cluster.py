@@ -119,7 +119,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
     paths = {"--data-dir": parsed.data_dir, "--job-dir": parsed.job_dir,
              "--export-dir": parsed.export_dir}
     if args.ray is not None:
-        return _run_on_ray(args, num_ps, trainer_args, paths, out)
+        return _run_on_ray(args, num_ps, trainer_args, paths, out, parsed.num_gpus)
     network = launcher.choose_network(args.network, paths, args.host, os.geteuid(),
                                       os.getegid())
     try:
@@ -132,7 +132,8 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         network.close()  # the namespace ends once its last task has exited
 
 
-def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: TextIO) -> int:
+def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: TextIO,
+                num_gpus: int) -> int:
     from cifar10_estimator.distributed import ray_launcher
     from cifar10_estimator.ray_node import TaskRunner
 
@@ -141,6 +142,7 @@ def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: Te
                         "networks; leave --network out")
     if args.cpus_per_task < 0 or args.gpus_per_task < 0:
         raise UserError("--cpus-per-task and --gpus-per-task must be 0 or more")
+    trainer_args = ray_launcher.with_gpus(trainer_args, args.gpus_per_task, num_gpus)
     ray_launcher.connect(args.ray)
     tasks, placed = ray_launcher.place(TaskRunner, args.num_workers, num_ps, args.evaluator,
                                        args.cpus_per_task, args.gpus_per_task)

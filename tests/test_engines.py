@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from cifar10_estimator.config import plan
 from cifar10_estimator.distributed import roles
+from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_step
 from trainer_fixtures import Trainer, trainer_args
 
@@ -154,3 +155,16 @@ def test_sagemakers_arguments_and_environment_train_and_export_where_it_looks(
     (version,) = os.listdir(model)
     assert (model / version / "saved_model.pb").exists()
     assert checkpoint_step(tf.train.latest_checkpoint(tmp_path / "job")) == 2
+
+
+def test_rays_gpus_per_task_become_the_trainers_gpus():
+    from cifar10_estimator.distributed import ray_launcher
+
+    assert ray_launcher.with_gpus(["--job-dir", "j"], 2, 0) == ["--job-dir", "j", "--num-gpus",
+                                                                "2"]
+    assert ray_launcher.with_gpus(["--num-gpus", "1"], 1, 1) == ["--num-gpus", "1"]
+    assert ray_launcher.with_gpus(["--job-dir", "j"], 0, 0) == ["--job-dir", "j"]
+    with pytest.raises(UserError, match="--num-gpus 2 differs from --gpus-per-task 1"):
+        ray_launcher.with_gpus([], 1, 2)
+    with pytest.raises(UserError, match="whole number"):
+        ray_launcher.with_gpus([], 0.5, 0)

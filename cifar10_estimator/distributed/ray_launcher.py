@@ -69,6 +69,22 @@ def connect(address: str) -> None:
                         f"--head` and give the address it prints") from None
 
 
+def with_gpus(trainer_args: Sequence[str], gpus_per_task: float, num_gpus: int) -> list[str]:
+    """The trainer's flags for tasks that ask Ray for ``gpus_per_task`` GPUs each: Ray makes
+    those GPUs the task's visible ones, and the trainer trains on them (``--num-gpus``, added
+    when the flags leave it at ``num_gpus`` 0). The same code path as on the CPU."""
+    if gpus_per_task != int(gpus_per_task):
+        raise UserError(f"--gpus-per-task {gpus_per_task:g}: a trainer uses whole GPUs; give a "
+                        f"whole number")
+    if num_gpus and num_gpus != gpus_per_task:
+        raise UserError(f"the trainer's --num-gpus {num_gpus} differs from --gpus-per-task "
+                        f"{gpus_per_task:g}: each task sees only the GPUs Ray gives it; leave "
+                        f"--num-gpus out")
+    if gpus_per_task and not num_gpus:
+        return [*trainer_args, "--num-gpus", str(int(gpus_per_task))]
+    return list(trainer_args)
+
+
 def forwarded(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` every task gets (``FORWARDED_PREFIXES``)."""
     return {k: v for k, v in environ.items()
