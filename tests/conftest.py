@@ -8,6 +8,11 @@ the paths.
 Data generator: ``make_cifar_dir`` writes tiny CIFAR-10 python batches (real pickle format),
 ``make_cifar_tarball`` packs them as the official archive is packed, ``http_server`` serves
 bytes (or failures) from 127.0.0.1 on an ephemeral port.
+
+Processes: ``endless_trainer`` starts a trainer that trains until the test stops it,
+``cluster_tasks`` the tasks of a cluster started by hand (a TF_CONFIG each), ``launch`` the
+cluster launcher; whatever they started and is still running when the test ends is stopped.
+The helpers behind them are in ``trainer_fixtures`` and ``cluster_fixtures``.
 """
 
 
@@ -38,6 +43,7 @@ from cifar10_estimator.model import towers  # noqa: E402
 
 towers.ensure_logical_cpus(2)
 
+import cluster_fixtures
 import trainer_fixtures
 from trainer_fixtures import REPO, tiny_export, tiny_records  # noqa: F401  (fixtures)
 
@@ -144,6 +150,62 @@ def temp_folder(tmp_path_factory):
         patch.setenv("TMPDIR", folder)
         patch.setattr(tempfile, "tempdir", folder)
         yield folder
+
+
+# --- trainers and clusters the tests start -------------------------------------------------------
+
+@pytest.fixture
+def endless_trainer(tmp_path):
+    """Factory: ``endless_trainer(data_dir, job_dir, *extra, log="log", until=TRAINING,
+    timeout=120, env_extra=None)`` starts ``python -m cifar10_estimator`` training until it is
+    stopped (``trainer_fixtures.ENDLESS``: --train-steps 100000, a progress line every second;
+    ``extra`` flags come after, and win) with its output in ``tmp_path / log``, and returns the
+    ``Trainer`` once ``until`` is in its output (by default a progress line: it is training).
+    Every trainer still running when the test ends is killed."""
+    started = []
+
+    def start(data_dir, job_dir, *extra: str, log: str = "log",
+              until: str = trainer_fixtures.TRAINING, timeout: float = 120,
+              env_extra: dict | None = None) -> trainer_fixtures.Trainer:
+        trainer = trainer_fixtures.Trainer(
+            trainer_fixtures.trainer_args(data_dir, job_dir, *trainer_fixtures.ENDLESS, *extra),
+            tmp_path / log, env_extra=env_extra)
+        started.append(trainer)
+        trainer.wait_for(until, timeout)
+        return trainer
+
+    yield start
+    for trainer in started:
+        trainer.stop()
+
+
+@pytest.fixture
+def cluster_tasks(tmp_path):
+    """The tasks of a cluster started by hand (``cluster_fixtures.Tasks``): ``add(name,
+    tf_config, args)`` one, ``start()`` them all; each runs in ``tmp_path`` with its log
+    ``tmp_path/NAME.log``. Every task still running when the test ends is killed."""
+    tasks = cluster_fixtures.Tasks(tmp_path)
+    yield tasks
+    tasks.stop()
+
+
+@pytest.fixture
+def launch():
+    """Factory: ``launch(args, log, env_extra=None)`` starts the launcher (``python -m
+    cifar10_estimator.cluster ARGS``) in the background and returns its
+    ``cluster_fixtures.Launcher``. Every launcher still running when the test ends is stopped,
+    with every task it started."""
+    started = []
+
+    def start(args: list[str], log, env_extra: dict | None = None) -> cluster_fixtures.Launcher:
+        launcher = cluster_fixtures.Launcher(args, log, env_extra)
+        started.append(launcher)
+        return launcher
+
+    yield start
+    for launcher in started:
+        launcher.stop()
+
 
 BATCH_NAMES = schema.BATCH_FILES
 # Member order of the official cifar-10-python.tar.gz.

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -21,8 +20,8 @@ from cifar10_estimator.config import checks, flags
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import (checkpoint_step, run_module, start_cluster, stop_cluster,
-                              trainer_args, trainer_env, work_dir)
+from cluster_fixtures import RAN, RATE, local_spec, task_lines, tf_config
+from trainer_fixtures import checkpoint_step, run_module, trainer_args, trainer_env, work_dir
 
 ALL_REDUCE = ["--distribution-strategy", "multi-worker-mirrored"]
 
@@ -93,23 +92,21 @@ def test_a_multi_worker_job_leaves_precise_batch_norm_off_by_default():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cluster,strategy,message", [
-    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
-     "multi-worker-mirrored",
+    (local_spec("chief", "worker", "ps", ports=[1, 2, 3]), "multi-worker-mirrored",
      "TF_CONFIG: --distribution-strategy multi-worker-mirrored all-reduces among the chief and "
      "workers, and TF_CONFIG lists 1 'ps' task(s)"),
-    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "mirrored",
+    (local_spec("chief", "worker", ports=[1, 2]), "mirrored",
      "TF_CONFIG: --distribution-strategy mirrored runs on one machine"),
-    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "towers",
+    (local_spec("chief", "worker", ports=[1, 2]), "towers",
      "TF_CONFIG: the cluster has 2 training tasks but no 'ps' job"),
 ])
 def test_a_cluster_that_does_not_fit_the_strategy_is_one_line(tiny_records, tmp_path, cluster,
                                                                strategy, message):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    tf_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
     proc = run_module("cifar10_estimator", *trainer_args(
         data_dir, job_dir, "--distribution-strategy", strategy),
-        env_extra={"TF_CONFIG": tf_config})
+        env_extra={"TF_CONFIG": tf_config(cluster, "chief")})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
@@ -124,11 +121,6 @@ def test_the_launcher_refuses_parameter_servers_for_an_all_reduce_cluster(tmp_pa
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "cifar10_estimator.cluster: error: --num-ps 1: a multi-worker-mirrored cluster "
         "all-reduces among the chief and workers, without parameter servers")
-
-
-def _task_lines(output: str, task: str) -> list[str]:
-    return [line[len(task) + 3:] for line in output.splitlines()
-            if line.startswith(f"[{task}] ")]
 
 
 @pytest.mark.cluster
@@ -151,22 +143,20 @@ def test_an_all_reduce_cluster_trains_evaluates_exports_and_ends_on_its_own(
     for task in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {task}: exit status 0" in output
     assert "ps0" not in output  # no parameter servers
-    chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
+    chief, worker = task_lines(output, "chief"), task_lines(output, "worker0")
     assert any("collective all-reduce updates" in line for line in chief)
     # Synchronous: the job ends at the step asked for, and both workers ran every step.
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 30
     for lines in (chief, worker):
-        ran = [re.search(r"this task ran (\d+) training steps", line) for line in lines]
+        ran = [RAN.search(line) for line in lines]
         assert [int(m.group(1)) for m in ran if m] == [30]
-        own, total = map(float, [m for m in (re.search(
-            r"([\d.]+) images/s on average on this worker, cluster ([\d.]+) images/s", line)
-            for line in lines) if m][-1].groups())
+        own, total = map(float, [m for m in map(RATE.search, lines) if m][-1].groups())
         assert total == pytest.approx(2 * own, rel=0.05)  # a global step: both batches
     # One precision for the job: the chief's, recorded; the worker follows it.
     assert any(re.match(r"[\d:]+ precision auto: (fp32|bf16)", line) for line in chief)
     assert any("precision auto: " in line and "the job's recorded precision" in line
                for line in worker)
-    evaluator = _task_lines(output, "evaluator")
+    evaluator = task_lines(output, "evaluator")
     assert any("final evaluation at step 30" in line for line in evaluator)
     (version,) = os.listdir(job_dir / "export")
     info = json.loads((job_dir / "export" / version / "assets.extra" / "export.json").read_text())
@@ -182,51 +172,42 @@ def _worker_pid(log_text: str, after: int = 0) -> int:
 @pytest.mark.cluster
 @pytest.mark.timeout(400)
 def test_an_all_reduce_job_survives_a_kill_9_and_stops_together_for_a_sigterm(
-        tiny_records, tmp_path):
+        tiny_records, tmp_path, launch):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    log = tmp_path / "cluster.log"
-    # The job restarts twice: after the kill at step 200 or later, and after the signal a
-    # moment past the restart; 300 more steps (about 7 s alone on 2 cores of an AMD Zen 4)
-    # leave the signal time to land before the end.
-    steps = 500
-    cluster = start_cluster(
+    # The job restarts twice: after the kill at step 100 or later, and after the signal a
+    # moment past the restart (a second of the worker's training, some 30 steps); 200 more
+    # steps (about 5 s alone on 2 cores of an AMD Zen 4) leave the signal time to land before
+    # the end.
+    steps = 300
+    cluster = launch(
         ["--num-workers", "2", "--",
          *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-steps", str(steps),
                        "--save-checkpoints-steps", "100", "--eval-throttle-secs", "100000",
-                       "--progress-secs", "1")], log)
-    try:
-        def wait_for(pattern, since=0, timeout=150):
-            deadline = time.monotonic() + timeout
-            while not re.search(pattern, log.read_text()[since:]):
-                assert cluster.poll() is None and time.monotonic() < deadline, (
-                    log.read_text()[-4000:])
-                time.sleep(0.2)
-            return len(log.read_text())
-
-        # kill -9 of the worker after a checkpoint: the job restarts from it.
-        seen = wait_for(r"\[chief\] .*Saving checkpoints for 200 ")
-        os.kill(_worker_pid(log.read_text()), signal.SIGKILL)
-        seen = wait_for(r"\[chief\] .*exits with status 143 for a restart of the job, which "
-                        r"resumes from \S+model\.ckpt-(\d+)", seen)
-        resumed = int(re.findall(r"resumes from \S+model\.ckpt-(\d+)", log.read_text())[-1])
-        assert resumed >= 200
-        seen = wait_for(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{resumed}", seen)
-        # SIGTERM to the worker: every task stops at one agreed step, the chief saves it.
-        sent = wait_for(rf"\[worker0\] .*step \d+/{steps}", seen)
-        os.kill(_worker_pid(log.read_text(), after=1), signal.SIGTERM)
-        wait_for(r"\[chief\] .*stopped with the job \(another task received a signal\) "
-                 r"at step (\d+): saved", sent)
-        agreed = int(re.findall(r"stopped with the job \(another task received a signal\) at "
-                                r"step (\d+)", log.read_text())[-1])
-        # The worker's own line comes a moment before or after the chief's: search from the
-        # signal on (wait_for fails the test if it never comes).
-        wait_for(rf"\[worker0\] .*received SIGTERM at step {agreed}:", sent)
-        assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == agreed
-        assert cluster.wait(timeout=300) == 0, log.read_text()[-4000:]
-    finally:
-        stop_cluster(cluster, log)  # the launcher and every task it started, if still running
-    text = log.read_text()
+                       "--progress-secs", "1")], tmp_path / "cluster.log")
+    # kill -9 of the worker after a checkpoint (the first one past the start's): the job
+    # restarts from it.
+    seen = cluster.wait_for(r"\[chief\] .*Saving checkpoints for 100 ")
+    os.kill(_worker_pid(cluster.text()), signal.SIGKILL)
+    seen = cluster.wait_for(r"\[chief\] .*exits with status 143 for a restart of the job, "
+                            r"which resumes from \S+model\.ckpt-(\d+)", since=seen)
+    resumed = int(re.findall(r"resumes from \S+model\.ckpt-(\d+)", cluster.text())[-1])
+    assert resumed >= 100
+    seen = cluster.wait_for(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{resumed}",
+                            since=seen)
+    # SIGTERM to the worker: every task stops at one agreed step, the chief saves it.
+    sent = cluster.wait_for(rf"\[worker0\] .*step \d+/{steps}", since=seen)
+    os.kill(_worker_pid(cluster.text(), after=1), signal.SIGTERM)
+    cluster.wait_for(r"\[chief\] .*stopped with the job \(another task received a signal\) "
+                     r"at step (\d+): saved", since=sent)
+    agreed = int(re.findall(r"stopped with the job \(another task received a signal\) at "
+                            r"step (\d+)", cluster.text())[-1])
+    # The worker's own line comes a moment before or after the chief's: search from the
+    # signal on (wait_for fails the test if it never comes).
+    cluster.wait_for(rf"\[worker0\] .*received SIGTERM at step {agreed}:", since=sent)
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == agreed
+    assert cluster.wait(timeout=300) == 0, cluster.text()[-4000:]
+    text = cluster.text()
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == steps
     assert "[cluster] training finished" in text and "Traceback" not in text
     assert re.search(rf"\[chief\] .*Restoring parameters from \S+model\.ckpt-{agreed}", text)

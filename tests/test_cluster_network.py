@@ -11,19 +11,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import tensorflow as tf
 
 from cifar10_estimator.distributed import launcher
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import (REPO, checkpoint_step, cluster_pids, run_module, start_cluster,
-                              stop_cluster, trainer_args)
+from cluster_fixtures import frozen
+from trainer_fixtures import NO_EVAL, REPO, checkpoint_step, run_module, trainer_args
 
 # TCP state LISTEN in /proc/net/tcp and tcp6: include/net/tcp_states.h.
 TCP_LISTEN = "0A"
@@ -58,73 +56,53 @@ def _task_ports(text: str) -> list[int]:
     return [int(a.rpartition(":")[2]) for job in spec.values() for a in job]
 
 
-def _wait_for(log, cluster: subprocess.Popen, *patterns: str, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(re.search(p, log.read_text(), re.M) for p in patterns):
-        assert cluster.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_a_local_clusters_tasks_cannot_be_reached_from_this_host(tiny_records, tmp_path):
+def test_a_local_clusters_tasks_cannot_be_reached_from_this_host(tiny_records, tmp_path, launch):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(["--num-workers", "1", "--", *trainer_args(
-        data_dir, job_dir, "--train-steps", "20", "--progress-secs", "0.2",
-        "--eval-throttle-secs", "100000")], log)
-    try:
-        # The ps serves, the chief trains; frozen, the chief cannot finish during the checks.
-        _wait_for(log, cluster, r"^\[ps0\] .*parameter server 0 serving",
-                  r"^\[chief\] .*step \d+/20")
-        pids = cluster_pids(log)
-        os.kill(pids["chief"], signal.SIGSTOP)
-        try:
-            text = log.read_text()
-            first = text.splitlines()[0]
-            if "this system refused a private network namespace" in first:
-                pytest.skip(first)  # not Linux, or neither root nor user namespaces
-            # As root a network namespace; as another user, a user namespace owning one.
-            assert re.match(r"\[cluster\] network: private: the tasks run in a (user and )?"
-                            r"network namespace of their own, which other hosts and this "
-                            r"host's other processes cannot reach; they listen there on "
-                            r"127\.0\.0\.1:2222, 127\.0\.0\.1:2223$", first), first
-            ports = _task_ports(text)
-            assert len(ports) == 2
-            ours = os.readlink("/proc/self/ns/net")
-            (theirs,) = {os.readlink(f"/proc/{pid}/ns/net") for pid in pids.values()}
-            assert theirs != ours  # one namespace for every task, not this host's
-            # In their namespace the ports listen (so the check below can see them) ...
-            assert set(ports) <= _listening_ports(f"/proc/{pids['ps0']}/net")
-            # ... and in this host's, on no address at all, nor does anything answer.
-            assert not set(ports) & _listening_ports("/proc/self/net")
-            assert all(_refused(port) for port in ports)
-            # The tasks' process groups are their own, as before the namespace.
-            assert all(os.getpgid(pid) == pid for pid in pids.values())
-        finally:
-            os.kill(pids["chief"], signal.SIGCONT)
-        assert cluster.wait(150) == 0, log.read_text()[-3000:]
-    finally:
-        stop_cluster(cluster, log)
-    text = log.read_text()
+    cluster = launch(["--num-workers", "1", "--", *trainer_args(
+        data_dir, job_dir, "--train-steps", "20", "--progress-secs", "0.2", *NO_EVAL)],
+        tmp_path / "cluster.log")
+    # The ps serves, the chief trains; frozen, the chief cannot finish during the checks.
+    cluster.wait_for(r"^\[ps0\] .*parameter server 0 serving", r"^\[chief\] .*step \d+/20")
+    pids = cluster.pids()
+    with frozen(pids["chief"]):
+        text = cluster.text()
+        first = text.splitlines()[0]
+        if "this system refused a private network namespace" in first:
+            pytest.skip(first)  # not Linux, or neither root nor user namespaces
+        # As root a network namespace; as another user, a user namespace owning one.
+        assert re.match(r"\[cluster\] network: private: the tasks run in a (user and )?"
+                        r"network namespace of their own, which other hosts and this "
+                        r"host's other processes cannot reach; they listen there on "
+                        r"127\.0\.0\.1:2222, 127\.0\.0\.1:2223$", first), first
+        ports = _task_ports(text)
+        assert len(ports) == 2
+        ours = os.readlink("/proc/self/ns/net")
+        (theirs,) = {os.readlink(f"/proc/{pid}/ns/net") for pid in pids.values()}
+        assert theirs != ours  # one namespace for every task, not this host's
+        # In their namespace the ports listen (so the check below can see them) ...
+        assert set(ports) <= _listening_ports(f"/proc/{pids['ps0']}/net")
+        # ... and in this host's, on no address at all, nor does anything answer.
+        assert not set(ports) & _listening_ports("/proc/self/net")
+        assert all(_refused(port) for port in ports)
+        # The tasks' process groups are their own, as before the namespace.
+        assert all(os.getpgid(pid) == pid for pid in pids.values())
+    assert cluster.wait(150) == 0, cluster.text()[-3000:]
+    text = cluster.text()
     assert "[cluster] training finished" in text and "Traceback" not in text
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 20
 
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_a_cluster_on_this_hosts_network_says_so_first(tiny_records, tmp_path):
+def test_a_cluster_on_this_hosts_network_says_so_first(tiny_records, tmp_path, launch):
     data_dir, _ = tiny_records
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(["--num-workers", "1", "--network", "host", "--", *trainer_args(
-        data_dir, tmp_path / "job", "--train-steps", "3",
-        "--eval-throttle-secs", "100000")], log)
-    try:
-        assert cluster.wait(150) == 0, log.read_text()[-3000:]
-    finally:
-        stop_cluster(cluster, log)
-    text = log.read_text()
+    cluster = launch(["--num-workers", "1", "--network", "host", "--", *trainer_args(
+        data_dir, tmp_path / "job", "--train-steps", "3", *NO_EVAL)], tmp_path / "cluster.log")
+    assert cluster.wait(150) == 0, cluster.text()[-3000:]
+    text = cluster.text()
     ports = ", ".join(map(str, sorted(_task_ports(text))))  # the line lists them in order
     assert text.splitlines()[0] == (
         f"[cluster] network: this host's (--network host): the tasks listen on every "

@@ -9,10 +9,7 @@ itself, the parameter server logs which trainers reported, the evaluator logs ea
 import dataclasses
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,33 +19,15 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.config import plan
 from cifar10_estimator.distributed import launcher
 from cifar10_estimator.config.settings import TrainConfig
-from trainer_fixtures import checkpoint_step, run_cluster, trainer_args
+from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports, frozen,
+                              local_spec, one, run_cluster, task_lines, tf_config)
+from trainer_fixtures import checkpoint_step, run_trainer, trainer_args
 
 STEPS = 40
-_RAN = re.compile(r"this task ran (\d+) training steps")
-_EVAL = re.compile(r"\bevaluation at step (\d+):")
-_RATE = re.compile(r"([\d.]+) images/s on average on this worker, cluster ([\d.]+) images/s")
-
-
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-
 
 # The clusters' run: STEPS steps, a checkpoint every 10, evaluations as often as they come.
 CLUSTER_RUN = ["--train-steps", str(STEPS), "--save-checkpoints-steps", "10",
-               "--eval-throttle-secs", "1", "--max-worker-delay-secs", "0",
-               "--cluster-timeout-secs", "60", "--seed", "1"]
-
-
-def _task_lines(output: str, task: str) -> list[str]:
-    prefix = f"[{task}] "
-    return [line[len(prefix):] for line in output.splitlines() if line.startswith(prefix)]
-
-
-def _one(pattern: re.Pattern, lines: list[str]) -> int:
-    found = [int(m.group(1)) for m in map(pattern.search, lines) if m]
-    assert len(found) == 1, (pattern.pattern, found)
-    return found[0]
+               "--eval-throttle-secs", "1", *CLUSTER_FLAGS, "--seed", "1"]
 
 
 def _seconds(line: str) -> int:
@@ -60,15 +39,15 @@ def _assert_clean_end(code: int, output: str, tasks: list[str], job_dir: str) ->
     assert code == 0, output[-4000:]
     for task in tasks:
         assert f"[cluster] {task}: exit status 0" in output, output[-4000:]
-    exports = os.listdir(os.path.join(job_dir, "export"))
-    assert len(exports) == 1, exports  # exported once, by the chief only
-    assert os.path.isfile(os.path.join(job_dir, "export", exports[0], "saved_model.pb"))
+    exported = exports(job_dir)
+    assert len(exported) == 1, exported  # exported once, by the chief only
+    assert os.path.isfile(os.path.join(job_dir, "export", exported[0], "saved_model.pb"))
     assert "Traceback" not in output, output[-4000:]
 
 
 def _assert_evaluated_final(output: str, final_step: int) -> None:
-    lines = _task_lines(output, "evaluator")
-    evaluated = [int(m.group(1)) for m in map(_EVAL.search, lines) if m]
+    lines = task_lines(output, "evaluator")
+    evaluated = [int(m.group(1)) for m in map(EVALUATED.search, lines) if m]
     assert evaluated and evaluated[-1] == final_step, evaluated
     assert evaluated == sorted(evaluated)  # checkpoints in the order they appeared
     assert any(f"final evaluation at step {final_step}" in line for line in lines)
@@ -87,7 +66,7 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
     # One precision for the whole job: the chief's choice, recorded; the others follow it.
     chosen = [found.groups() for task in ("chief", "worker0", "evaluator")
               for found in (re.match(r"[\d:]+ precision auto: (fp32|bf16)\b(.*)", line)
-                            for line in _task_lines(output, task)) if found]
+                            for line in task_lines(output, task)) if found]
     assert len(chosen) == 3 and len({precision for precision, _ in chosen}) == 1, chosen
     assert "recorded" not in chosen[0][1]
     assert all(why == ", the job's recorded precision" for _, why in chosen[1:]), chosen
@@ -97,14 +76,14 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
     # in, and Estimator's StopAtStepHook estimates the global step from a value read during
     # the step (before the other worker's concurrent update). Two workers: at most 3 extra.
     assert STEPS <= final <= STEPS + 3
-    chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
+    chief, worker = task_lines(output, "chief"), task_lines(output, "worker0")
     assert any("role: chief 0 of the cluster" in l and "asynchronous" in l for l in chief)
     # Asynchronous: every local step is one global step, whoever ran it. (A worker that
     # starts after the chief's last checkpoint skips training and logs no count: 0 steps.)
-    worker_steps = _one(_RAN, worker) if any(_RAN.search(l) for l in worker) else 0
-    assert final <= _one(_RAN, chief) + worker_steps <= STEPS + 3
-    assert any("chief:0 finished" in l for l in _task_lines(output, "ps0"))
-    assert any("(2 of 2 training tasks)" in l for l in _task_lines(output, "ps0"))
+    worker_steps = one(RAN, worker) if any(RAN.search(l) for l in worker) else 0
+    assert final <= one(RAN, chief) + worker_steps <= STEPS + 3
+    assert any("chief:0 finished" in l for l in task_lines(output, "ps0"))
+    assert any("(2 of 2 training tasks)" in l for l in task_lines(output, "ps0"))
     _assert_evaluated_final(output, final)
 
 
@@ -154,17 +133,17 @@ def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stal
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
 
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == STEPS  # no overshoot in sync
-    chief, worker = _task_lines(output, "chief"), _task_lines(output, "worker0")
+    chief, worker = task_lines(output, "chief"), task_lines(output, "worker0")
     assert any("replicas_to_aggregate=2" in line for line in chief)
     # STEPS global steps from 2 x STEPS local steps, one per worker per step: both
     # contributed to every update.
-    assert (_one(_RAN, chief), _one(_RAN, worker)) == (STEPS, STEPS)
+    assert (one(RAN, chief), one(RAN, worker)) == (STEPS, STEPS)
     # The cluster rate counts both workers' batches: twice this worker's own rate.
     for lines in (chief, worker):
-        own, total = map(float, [m for m in map(_RATE.search, lines) if m][-1].groups())
+        own, total = map(float, [m for m in map(RATE.search, lines) if m][-1].groups())
         assert total == pytest.approx(2 * own, rel=0.05)
     # TensorFlow's own chief hook stalls 120 s between the last step and the session's end.
-    last_step = next(l for l in chief if _RAN.search(l))
+    last_step = next(l for l in chief if RAN.search(l))
     closed = next(l for l in chief if "Loss for final step" in l)
     assert _seconds(closed) - _seconds(last_step) < 20
     _assert_evaluated_final(output, STEPS)
@@ -176,80 +155,49 @@ def test_sync_on_one_machine_ends_without_the_shutdown_stall(tiny_records, tmp_p
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator",
-         *trainer_args(data_dir, job_dir, "--train-steps", "12", "--save-checkpoints-steps", "6",
-                       "--sync")],
-        capture_output=True, text=True, timeout=150, cwd=tmp_path, env=_env())
+    proc = run_trainer(*trainer_args(data_dir, job_dir, "--train-steps", "12",
+                                     "--save-checkpoints-steps", "6", "--sync"),
+                       timeout=150, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 12
     assert "Traceback" not in proc.stderr and "threads still running" not in proc.stderr
     assert time.monotonic() - started < 90
 
 
-def _start(task: launcher.Task, args: list[str], log_path) -> subprocess.Popen:
-    """One task, in the folder of its log (the test's tmp_path)."""
-    env = dict(_env(), TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent)
-
-
-def _wait_for_line(path, text: str, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in path.read_text():
-            return
-        assert process.poll() is None, path.read_text()[-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not seen in {path}:\n{path.read_text()[-3000:]}")
-
-
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tmp_path):
+def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tmp_path,
+                                                               cluster_tasks):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     steps = 150
-    ps, chief, worker = launcher.plan(num_workers=2, num_ps=1, evaluator=False)
+    spec = local_spec("chief", "worker", "ps")
     flags = trainer_args(data_dir, job_dir, *CLUSTER_RUN, "--cluster-timeout-secs", "10",
                          "--save-checkpoints-steps", "50", "--progress-secs", "0.5",
                          "--train-steps", str(steps))
-    logs = {name: tmp_path / f"{name}.log" for name in ("ps", "chief", "worker")}
     # A parameter server needs no flags at all; it waits this long for a dead worker's report.
-    processes = {"ps": _start(ps, ["--cluster-timeout-secs", "5"], logs["ps"])}
-    processes["chief"] = _start(chief, flags, logs["chief"])
-    processes["worker"] = _start(worker, flags, logs["worker"])
-    try:
-        # A progress line: the task is training (its end-of-run line also says images/s).
-        # The chief is frozen once it trains, until the worker trains too: the run cannot end
-        # before the kill, however late the worker starts.
-        _wait_for_line(logs["chief"], "images/s, ETA", processes["chief"], timeout=120)
-        processes["chief"].send_signal(signal.SIGSTOP)
-        try:
-            _wait_for_line(logs["worker"], "images/s, ETA", processes["worker"], timeout=120)
-        finally:
-            processes["chief"].send_signal(signal.SIGCONT)
-        assert processes["chief"].poll() is None, "the chief finished before the kill"
-        processes["worker"].send_signal(signal.SIGKILL)
-        assert processes["chief"].wait(timeout=120) == 0, logs["chief"].read_text()[-3000:]
-        # The ps waits --cluster-timeout-secs for the dead worker's report, then exits.
-        assert processes["ps"].wait(timeout=60) == 0, logs["ps"].read_text()[-3000:]
-    finally:
-        for p in processes.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    ps = cluster_tasks.add("ps", tf_config(spec, "ps"), ["--cluster-timeout-secs", "5"])
+    chief = cluster_tasks.add("chief", tf_config(spec, "chief"), flags)
+    worker = cluster_tasks.add("worker", tf_config(spec, "worker"), flags)
+    cluster_tasks.start()
+    # A progress line: the task is training (its end-of-run line also says images/s).
+    # The chief is frozen once it trains, until the worker trains too: the run cannot end
+    # before the kill, however late the worker starts.
+    training = re.escape("images/s, ETA")
+    chief.wait_for(training, timeout=120)
+    with frozen(chief.process):
+        worker.wait_for(training, timeout=120)
+    assert chief.poll() is None, "the chief finished before the kill"
+    worker.kill()
+    assert chief.finish(120) == 0, chief.text()[-3000:]
+    # The ps waits --cluster-timeout-secs for the dead worker's report, then exits.
+    assert ps.finish(60) == 0, ps.text()[-3000:]
     assert steps <= checkpoint_step(tf.train.latest_checkpoint(job_dir)) <= steps + 3
-    assert len(os.listdir(os.path.join(job_dir, "export"))) == 1
-    ps_log = logs["ps"].read_text()
+    assert len(exports(job_dir)) == 1
+    ps_log = ps.text()
     assert "chief:0 finished" in ps_log and "worker:0 never reported" in ps_log
-    chief_steps = _one(_RAN, logs["chief"].read_text().splitlines())
+    chief_steps = one(RAN, chief.text().splitlines())
     assert 0 < chief_steps < steps  # the worker did part of the work before it died
-
-
-def _closed_ports(count: int) -> list[int]:
-    return launcher.free_ports(count)  # free a moment ago, and nobody listens
 
 
 @pytest.mark.slow
@@ -262,16 +210,13 @@ def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     ps_port = listener.getsockname()[1]
-    chief_port, worker_port = _closed_ports(2)
-    spec = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
-            "ps": [f"127.0.0.1:{ps_port}"]}
-    env = dict(_env(), TF_CONFIG=launcher.tf_config(spec, "worker", 0))
+    # The chief's and the worker's ports: free a moment ago, and nobody listens.
+    spec = local_spec("chief", "worker", "ps", ports=[*free_ports(2), ps_port])
     started = time.monotonic()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "cifar10_estimator",
-             *trainer_args(data_dir, tmp_path / "job", "--cluster-timeout-secs", "2")],
-            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+        proc = run_trainer(*trainer_args(data_dir, tmp_path / "job", "--cluster-timeout-secs", "2"),
+                           env_extra={"TF_CONFIG": tf_config(spec, "worker")}, timeout=120,
+                           cwd=tmp_path)
     finally:
         listener.close()
     assert proc.returncode == 2
@@ -288,16 +233,12 @@ def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
 def test_a_worker_that_does_not_see_the_chiefs_job_dir_fails_clearly(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     # A real parameter server (in this process) answers; the chief writes elsewhere.
-    chief_port, worker_port, ps_port = _closed_ports(3)
-    spec = {"chief": [f"127.0.0.1:{chief_port}"], "worker": [f"127.0.0.1:{worker_port}"],
-            "ps": [f"127.0.0.1:{ps_port}"]}
+    spec = local_spec("chief", "worker", "ps")
     tf.distribute.Server(tf.train.ClusterSpec(spec), job_name="ps", task_index=0, start=True)
-    env = dict(_env(), TF_CONFIG=launcher.tf_config(spec, "worker", 0))
     job_dir = str(tmp_path / "not-shared")
-    proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator",
-         *trainer_args(data_dir, job_dir, "--cluster-timeout-secs", "2")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    proc = run_trainer(*trainer_args(data_dir, job_dir, "--cluster-timeout-secs", "2"),
+                       env_extra={"TF_CONFIG": tf_config(spec, "worker")}, timeout=120,
+                       cwd=tmp_path)
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     assert f"no checkpoint from the chief appeared in --job-dir {job_dir}" in error

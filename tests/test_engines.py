@@ -3,7 +3,6 @@ fed as the engine writes it; a cluster of workers only trained for real on 127.0
 
 import json
 import os
-import socket
 
 import pytest
 import tensorflow as tf
@@ -12,6 +11,7 @@ from cifar10_estimator.config import plan
 from cifar10_estimator.distributed import roles
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_step
+from cluster_fixtures import free_ports
 from trainer_fixtures import Trainer, trainer_args
 
 # Ray Train's TensorflowTrainer (ray/train/tensorflow/config.py, _setup_tensorflow_environment)
@@ -81,16 +81,6 @@ def test_sagemaker_vertex_and_kubeflow_shapes_are_taken_as_written():
     assert not role.evaluates_at_end  # the evaluator task does
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_reports(
@@ -98,7 +88,7 @@ def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_repor
     # TF_CONFIG as Ray Train and SageMaker write it: two workers, no chief, no evaluator.
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     flags = trainer_args(data_dir, job_dir, "--distribution-strategy", "multi-worker-mirrored",
                          "--train-steps", "6", "--save-checkpoints-steps", "3")
     tasks = [Trainer(flags, tmp_path / f"worker{i}.log", tf_config=json.dumps(

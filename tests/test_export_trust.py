@@ -17,7 +17,7 @@ import pytest
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving import trust
 from fuzz import serving as hostile
-from trainer_fixtures import REPO, run_module
+from trainer_fixtures import REPO, built_once, run_concurrently, run_module
 
 # The exports the allow-lists come from: each network in each serving precision, each with
 # test-time mirroring, and both ResNet versions (--model, --num-layers 8, --resnet-version,
@@ -54,18 +54,27 @@ def _checkpoint(params, folder: str) -> str:
 @pytest.fixture(scope="module")
 def our_exports(tmp_path_factory, tiny_export) -> dict[str, str]:
     """Name -> SavedModel folder: the VARIANTS, written by the export the trainer runs
-    (``export.export_saved_model``, about 1 s each), and the trained ``tiny_export``."""
+    (``export.export_saved_model``, about 1 s each) once for the whole run (``built_once``:
+    under pytest-xdist, by the first test process that asks; each reads a copy of its own),
+    and the trained ``tiny_export``."""
     from cifar10_estimator.config.settings import ModelParams
     from cifar10_estimator.model.model_fn import ModelSettings
     from cifar10_estimator.serving import export
 
+    def build(root: str) -> None:
+        for name, (fields, dtype) in VARIANTS.items():
+            folder = os.path.join(root, name)
+            os.makedirs(folder)
+            params = ModelParams(**fields)
+            export.export_saved_model(
+                ModelSettings(params, compute_dtype=dtype), _checkpoint(params, folder),
+                os.path.join(folder, "export"))
+
+    root = built_once(tmp_path_factory, "export-trust-variants", build)
     exports = {"trained-resnet": tiny_export}
-    for name, (fields, dtype) in VARIANTS.items():
-        folder = str(tmp_path_factory.mktemp(name))
-        params = ModelParams(**fields)
-        exports[name] = export.export_saved_model(
-            ModelSettings(params, compute_dtype=dtype), _checkpoint(params, folder),
-            os.path.join(folder, "export"))
+    for name in VARIANTS:
+        (version,) = os.listdir(os.path.join(root, name, "export"))  # export/<version>
+        exports[name] = os.path.join(root, name, "export", version)
     return exports
 
 
@@ -337,11 +346,13 @@ def test_a_benign_foreign_export_is_refused_and_loads_with_trust_export(
     folder = hostile.benign_foreign_export(str(tmp_path / "foreign" / "1"))
     message = _refusal(folder)
     _one_line_naming(message, "runs the op", trust.TRUST_FLAG)
-    proc = run_module("cifar10_estimator.predict", "--saved-model", folder, "--trust-export",
-                      picture)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith(f"{picture}: "), proc.stdout
-    proc = run_module("cifar10_estimator.evaluate", str(tmp_path / "foreign"), "--data-dir",
-                      tiny_records[0], "--trust-export")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "accuracy = " in proc.stdout
+    # predict and evaluate, each in a process of its own, at once.
+    predicted, evaluated = run_concurrently(
+        lambda: run_module("cifar10_estimator.predict", "--saved-model", folder,
+                           "--trust-export", picture),
+        lambda: run_module("cifar10_estimator.evaluate", str(tmp_path / "foreign"),
+                           "--data-dir", tiny_records[0], "--trust-export"))
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    assert predicted.stdout.startswith(f"{picture}: "), predicted.stdout
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "accuracy = " in evaluated.stdout

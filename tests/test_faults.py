@@ -21,7 +21,7 @@ from cifar10_estimator import train
 from cifar10_estimator.data import metadata, schema, writer
 from cifar10_estimator.platform import cpu
 from conftest import md5, run_generator_cli
-from trainer_fixtures import bomb_png, checkpoint_step, run_module, trainer_args
+from trainer_fixtures import bomb_png, checkpoint_step, run_concurrently, run_module, trainer_args
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 
@@ -203,22 +203,25 @@ def test_predict_handles_odd_images_and_refuses_bad_input(tiny_export, tmp_path)
     gray.write_bytes(tf.io.encode_png(np.full((9, 40, 1), 200, np.uint8)).numpy())
     rgba = tmp_path / "rgba.png"
     rgba.write_bytes(tf.io.encode_png(np.full((300, 17, 4), 90, np.uint8)).numpy())
-    ok = run_module("cifar10_estimator.predict", "--saved-model", export, str(gray), str(rgba))
-    assert ok.returncode == 0, ok.stderr
-    assert [line.split(":")[0] for line in ok.stdout.splitlines()] == [str(gray), str(rgba)]
-
     text = tmp_path / "notes.png"
     text.write_text("this is not an image")
-    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export, str(text)),
-                    f"{text} is not a readable PNG, JPEG, GIF or BMP image")
     huge = tmp_path / "huge.png"
     huge.write_bytes(bomb_png(60_000, 60_000))
-    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export, str(huge)),
-                    f"{huge} is too large to decode safely (Image size (3600000000 pixels)")
-    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", job_dir,
-                               str(gray)), f"{job_dir} is not a SavedModel folder")
-    _one_line_error(run_module("cifar10_estimator.predict", "--saved-model", export,
-                               str(tmp_path / "missing.png")), "cannot read image")
+
+    def predict(saved_model, *pictures):
+        return lambda: run_module("cifar10_estimator.predict", "--saved-model", saved_model,
+                                  *map(str, pictures))
+
+    # Each command in a process of its own, all at once.
+    ok, not_an_image, bomb, no_saved_model, missing = run_concurrently(
+        predict(export, gray, rgba), predict(export, text), predict(export, huge),
+        predict(job_dir, gray), predict(export, tmp_path / "missing.png"))
+    assert ok.returncode == 0, ok.stderr
+    assert [line.split(":")[0] for line in ok.stdout.splitlines()] == [str(gray), str(rgba)]
+    _one_line_error(not_an_image, f"{text} is not a readable PNG, JPEG, GIF or BMP image")
+    _one_line_error(bomb, f"{huge} is too large to decode safely (Image size (3600000000 pixels)")
+    _one_line_error(no_saved_model, f"{job_dir} is not a SavedModel folder")
+    _one_line_error(missing, "cannot read image")
 
 
 def test_generator_refuses_a_tarball_missing_a_batch(tmp_path, make_cifar_tarball):

@@ -35,7 +35,7 @@ import pytest
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError
 from conftest import REPO, listing, write_cifar_dir
-from trainer_fixtures import run_module, trainer_args, work_dir, write_records
+from trainer_fixtures import run_concurrently, run_module, trainer_args, work_dir, write_records
 
 GENERATOR = [sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py")]
 # A command that loads no TensorFlow ends in a second or two; one that does, in tens.
@@ -197,14 +197,16 @@ def _hostile_record() -> bytes:
 @pytest.mark.timeout(4 * TENSORFLOW)
 def test_the_trainer_refuses_hostile_records_and_pipes_in_one_line(tmp_path):
     def trainer(data_dir, job_dir):
-        return run_module("cifar10_estimator", *trainer_args(data_dir, job_dir,
-                                                             "--train-steps", "2"),
-                          timeout=TENSORFLOW)
+        """The trainer's command on ``data_dir`` and ``job_dir``, to be run."""
+        return lambda: run_module("cifar10_estimator", *trainer_args(data_dir, job_dir,
+                                                                     "--train-steps", "2"),
+                                  timeout=TENSORFLOW)
 
     good = tmp_path / "good"
     write_records(str(good), {"train": 16, "eval": 8})
     # Without metadata, count_records handed the file to TensorFlow's reader (SIGSEGV); with
     # metadata forged to match it (a hostile data dir brings its own), so did training.
+    hostile = []
     for forged in (False, True):
         data_dir = tmp_path / f"forged-{forged}"
         shutil.copytree(good, data_dir)
@@ -216,22 +218,26 @@ def test_the_trainer_refuses_hostile_records_and_pipes_in_one_line(tmp_path):
                 "train": metadata.file_facts(path, 1),
                 "eval": metadata.file_facts(schema.record_path(str(data_dir), "eval"), 8)},
                 "forged")
-        job_dir = tmp_path / f"job-{forged}"
-        line = _refused(trainer(data_dir, job_dir), path)
-        assert "declares 68,719,476,736 bytes" in line, line
-        assert not job_dir.exists()
+        hostile.append((data_dir, tmp_path / f"job-{forged}", path))
     # A FIFO for the record file, and in the job dir a FIFO for settings.json.
     fifo_records = tmp_path / "fifo-records"
     shutil.copytree(good, fifo_records)
-    path = schema.record_path(str(fifo_records), "train")
-    os.remove(path)
-    os.mkfifo(path)
-    assert "not a regular file but a FIFO" in _refused(trainer(fifo_records, tmp_path / "j"),
-                                                       path)
+    fifo_path = schema.record_path(str(fifo_records), "train")
+    os.remove(fifo_path)
+    os.mkfifo(fifo_path)
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     os.mkfifo(job_dir / "settings.json")
-    _refused(trainer(good, job_dir), job_dir / "settings.json")
+    # Each case in a process of its own, all at once (each has its own time limit).
+    *forged_runs, fifo_run, settings_run = run_concurrently(
+        *(trainer(data_dir, job) for data_dir, job, _ in hostile),
+        trainer(fifo_records, tmp_path / "j"), trainer(good, job_dir))
+    for (_, job, path), proc in zip(hostile, forged_runs):
+        line = _refused(proc, path)
+        assert "declares 68,719,476,736 bytes" in line, line
+        assert not job.exists()
+    assert "not a regular file but a FIFO" in _refused(fifo_run, fifo_path)
+    _refused(settings_run, job_dir / "settings.json")
 
 
 @pytest.mark.slow

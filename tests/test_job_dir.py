@@ -14,31 +14,27 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock, settings_record
-from trainer_fixtures import Trainer, checkpoint_step, run_module, trainer_args
-
-
-def _last_line(proc) -> str:
-    return proc.stderr.strip().splitlines()[-1]
+from cluster_fixtures import local_spec, tf_config
+from trainer_fixtures import (NO_BEAT, checkpoint_step, last_line, run_trainer, trainer_args,
+                              wait_until, write_lock_file)
 
 
 # --- one trainer per job dir --------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_nothing(
-        tiny_records, tmp_path):
+        tiny_records, tmp_path, endless_trainer):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
-                                   "100000"), tmp_path / "log")
+    trainer = endless_trainer(data_dir, job_dir)
     first = trainer.process
     try:
-        trainer.wait_for(r"step \d+/100000")
         before = sorted(os.listdir(job_dir))
         started = time.monotonic()
-        second = run_module("cifar10_estimator", *trainer_args(
-            data_dir, job_dir, "--progress-secs", "1", "--train-steps", "5"))
+        second = run_trainer(*trainer_args(data_dir, job_dir, "--progress-secs", "1",
+                                           "--train-steps", "5"))
         assert second.returncode == 2
-        line = _last_line(second)
+        line = last_line(second.stderr)
         assert re.fullmatch(
             rf"cifar10_estimator: error: --job-dir {re.escape(str(job_dir))} is in use by another "
             rf"trainer \(pid {first.pid} on {re.escape(socket.gethostname())}, since "
@@ -50,47 +46,31 @@ def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_not
         assert not {n for n in after - set(before) if not n.startswith("model.ckpt")}
         assert time.monotonic() - started < 60  # at once: no wait for a living holder here
     finally:
-        first.send_signal(signal.SIGTERM)
+        trainer.send(signal.SIGTERM)
         assert trainer.finish(60) == 143
     assert not (job_dir / job_lock.LOCK_FILE).exists()  # released on the way out
 
 
 @pytest.mark.slow
-def test_a_lock_left_by_a_killed_trainer_never_blocks_the_rerun(tiny_records, tmp_path):
+def test_a_lock_left_by_a_killed_trainer_never_blocks_the_rerun(tiny_records, tmp_path,
+                                                                endless_trainer):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
-                                   "100000"), tmp_path / "log")
-    first = trainer.process
-    try:
-        trainer.wait_for(r"step \d+/100000")
-    finally:
-        first.kill()  # SIGKILL: no chance to release the lock
-        first.wait()
+    trainer = endless_trainer(data_dir, job_dir)
+    trainer.kill()  # SIGKILL: no chance to release the lock
     assert (job_dir / job_lock.LOCK_FILE).exists()
-    rerun = run_module("cifar10_estimator", *trainer_args(
-        data_dir, job_dir, "--progress-secs", "1", "--train-steps", "3"))
+    rerun = run_trainer(*trainer_args(data_dir, job_dir, "--progress-secs", "1",
+                                      "--train-steps", "3"))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"took over {job_dir / job_lock.LOCK_FILE}: its holder (pid {first.pid}" in rerun.stderr
+    assert (f"took over {job_dir / job_lock.LOCK_FILE}: its holder (pid {trainer.process.pid}"
+            in rerun.stderr)
 
 
 # The lock's own tests run JobLock in this process. Its heartbeat thread rewrites the lock file
 # every ``heartbeat_secs``; where a test reads or replaces the file while holding the lock, the
-# heartbeat is either out of the way (an hour: it never beats during the test) or waited on
-# through what it does (the file's counter, the thread's end), never through fixed sleeps.
-NO_BEAT = 3600.0
-
-
-def _lock_file(path, **holder) -> None:
-    """Writes a holder's lock file as a trainer does: whole, by an atomic rename (a reader, the
-    heartbeat thread included, never sees it half-written)."""
-    body = {"host": socket.gethostname(), "boot_id": job_lock._boot_id(), "pid": os.getpid(),
-            "start_ticks": job_lock._start_ticks(os.getpid()), "since": "2026-01-01T00:00:00",
-            "beat": 0}
-    body.update(holder)
-    partial = path.with_name(path.name + ".writing")
-    partial.write_text(json.dumps(body))
-    os.replace(partial, path)
+# heartbeat is either out of the way (``NO_BEAT``, an hour: it never beats during the test) or
+# waited on through what it does (the file's counter, the thread's end), never through fixed
+# sleeps. ``write_lock_file`` writes a holder's lock file as a trainer does.
 
 
 def _holder(path) -> dict:
@@ -106,20 +86,13 @@ def _heartbeat_thread_of(acquire) -> threading.Thread:
     return thread
 
 
-def _wait_until(condition, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.01)
-
-
 def test_a_living_holder_on_this_machine_is_recognised_and_a_reused_pid_is_not(tmp_path):
     path = tmp_path / job_lock.LOCK_FILE
-    _lock_file(path)  # this very process: alive
+    write_lock_file(path)  # this very process: alive
     with pytest.raises(UserError, match=rf"in use by another trainer \(pid {os.getpid()} on "):
         job_lock.JobLock(str(tmp_path), heartbeat_secs=NO_BEAT).acquire()
     # The same pid with another start time is another process (a restarted container).
-    _lock_file(path, start_ticks=job_lock._start_ticks(os.getpid()) - 1)
+    write_lock_file(path, start_ticks=job_lock._start_ticks(os.getpid()) - 1)
     with job_lock.JobLock(str(tmp_path), heartbeat_secs=NO_BEAT):
         assert json.loads(path.read_text())["pid"] == os.getpid()
         assert json.loads(path.read_text())["start_ticks"] == job_lock._start_ticks(os.getpid())
@@ -128,12 +101,12 @@ def test_a_living_holder_on_this_machine_is_recognised_and_a_reused_pid_is_not(t
 
 def test_a_holder_on_another_machine_is_alive_while_its_heartbeat_moves(tmp_path):
     path = tmp_path / job_lock.LOCK_FILE
-    _lock_file(path, host="other-host", boot_id="other-boot")
+    write_lock_file(path, host="other-host", boot_id="other-boot")
     sleeps = []
 
     def beating(seconds):  # the other machine's trainer writes a heartbeat meanwhile
         sleeps.append(seconds)
-        _lock_file(path, host="other-host", boot_id="other-boot", beat=len(sleeps))
+        write_lock_file(path, host="other-host", boot_id="other-boot", beat=len(sleeps))
 
     with pytest.raises(UserError, match=r"in use by another trainer \(pid \d+ on other-host"):
         job_lock.JobLock(str(tmp_path), sleep=beating).acquire()
@@ -150,7 +123,7 @@ def test_the_holder_beats_and_stops_beating_once_taken_over(tmp_path):
     lock = job_lock.JobLock(str(tmp_path), heartbeat_secs=0.05)
     heartbeat = _heartbeat_thread_of(lock.acquire)
     try:
-        _wait_until(lambda: _holder(path)["beat"] >= 2, "two heartbeats")
+        wait_until(lambda: _holder(path)["beat"] >= 2, "two heartbeats")
         # Another trainer takes the lock over. Each beat reads the file, then rewrites it: a
         # takeover that lands between the two is overwritten by that beat (the lock's
         # documented window), so the thief writes again until the heartbeat has seen it. What
@@ -158,7 +131,7 @@ def test_the_holder_beats_and_stops_beating_once_taken_over(tmp_path):
         deadline = time.monotonic() + 30
         while heartbeat.is_alive():
             if _holder(path)["host"] != "thief":
-                _lock_file(path, host="thief", boot_id="x", pid=1)
+                write_lock_file(path, host="thief", boot_id="x", pid=1)
             assert time.monotonic() < deadline, "the heartbeat went on beating after a takeover"
             time.sleep(0.01)
         assert _holder(path)["host"] == "thief"  # not overwritten, and no beat comes any more
@@ -198,9 +171,7 @@ def test_a_rerun_or_an_evaluator_with_other_settings_is_refused_naming_each_flag
     assert sorted(os.listdir(job_dir)) == before  # nothing written
     # The evaluator reads the chief's record: it would evaluate another model.
     with monkeypatch.context() as env:
-        env.setenv("TF_CONFIG", json.dumps({
-            "cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
-            "task": {"type": "evaluator", "index": 0}}))
+        env.setenv("TF_CONFIG", tf_config(local_spec("chief", "ps", ports=[1, 2]), "evaluator"))
         code, err = run("--train-steps", "2", "--weight-decay", "0.001")
     assert code == 2
     assert err.strip().splitlines()[-1].endswith(

@@ -25,12 +25,11 @@ import tensorflow as tf
 from cifar10_estimator.jobdir import lock as job_lock
 from cifar10_estimator.jobdir.lock import JobLock, LockLost
 from cifar10_estimator.training import fence
-from trainer_fixtures import Trainer, checkpoint_step, trainer_args, trainer_env, work_dir
-from test_job_dir import _lock_file, _wait_until
+from cluster_fixtures import frozen, wait_stopped
+from trainer_fixtures import (NO_BEAT, NO_EVAL, checkpoint_step, trainer_env, wait_until,
+                              work_dir, write_lock_file)
 # moto's S3 server, one for this module (the fixtures of test_object_storage, imported).
 from test_object_storage import _Relay, _s3_env, bucket, s3_server  # noqa: F401
-
-NO_BEAT = 3600.0  # a heartbeat that never comes during a test
 
 
 # --- losing the lock, in this process -------------------------------------------------------------
@@ -41,7 +40,7 @@ def test_a_holder_finds_its_lock_taken_or_deleted_at_its_next_check_or_heartbeat
     lock.acquire()
     try:
         lock.check()
-        _lock_file(path, host="thief", boot_id="x", pid=4242)
+        write_lock_file(path, host="thief", boot_id="x", pid=4242)
         lock.check(read=False)  # no heartbeat has seen it yet: a step goes on
         with pytest.raises(LockLost) as lost:
             lock.check()  # re-read, as before a save
@@ -62,7 +61,7 @@ def test_a_holder_finds_its_lock_taken_or_deleted_at_its_next_check_or_heartbeat
     lock.acquire()
     try:
         path.unlink()
-        _wait_until(lambda: lock.lost_error() is not None, "the heartbeat's verdict", 5)
+        wait_until(lambda: lock.lost_error() is not None, "the heartbeat's verdict", 5)
         assert str(lock.lost_error()).startswith(
             f"lost the lock of --job-dir {tmp_path}: {path} was deleted; stopped without saving")
     finally:
@@ -138,7 +137,7 @@ def test_a_session_that_loses_the_lock_stops_without_another_checkpoint(how, tmp
                         # it (the documented window of a read, then a write): the thief
                         # writes again until it is seen.
                         if steps >= 2 and json.loads(path.read_text())["host"] != "thief":
-                            _lock_file(path, host="thief", boot_id="x", pid=4242)
+                            write_lock_file(path, host="thief", boot_id="x", pid=4242)
                         time.sleep(0.01)
     finally:
         lock.release()
@@ -207,8 +206,8 @@ class _Holder:
         return "".join(self._lines)
 
     def wait_for(self, word: str, timeout: float = 60) -> None:
-        _wait_until(lambda: word in self.text() or self.process.poll() is not None,
-                    f"{word!r} from the holder", timeout)
+        wait_until(lambda: word in self.text() or self.process.poll() is not None,
+                   f"{word!r} from the holder", timeout)
         assert word in self.text(), self.text()
 
     def kill(self) -> None:
@@ -225,14 +224,6 @@ def _try(job_dir, prefix: tuple = ()) -> subprocess.CompletedProcess:
                           env=trainer_env())
 
 
-def _wait_stopped(pid: int) -> None:
-    """Until SIGSTOP has stopped the process (state T in /proc/<pid>/stat)."""
-    def stopped():
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-    _wait_until(stopped, "the process stopping", 10)
-
-
 def test_a_frozen_holder_and_one_whose_heartbeats_fail_lose_the_lock_in_time(tmp_path):
     # Test-sized leases: 0.25 s beats, 3 s stale, so a lease runs out 2.5 s after its last
     # renewal began.
@@ -246,7 +237,7 @@ def test_a_frozen_holder_and_one_whose_heartbeats_fail_lose_the_lock_in_time(tmp
         # A machine frozen (a VM paused, SIGSTOP) past its lease: on waking it stops at its
         # next check, before anything else, though no one took the lock over meanwhile.
         frozen.process.send_signal(signal.SIGSTOP)
-        _wait_stopped(frozen.process.pid)
+        wait_stopped(frozen.process.pid)
         time.sleep(3.0)
         frozen.process.send_signal(signal.SIGCONT)
         # Heartbeats that fail (every write refused) for as long: the same.
@@ -324,30 +315,21 @@ _SAVED = re.compile(r"Saving checkpoints for (\d+) into")
 
 @pytest.mark.slow
 def test_a_trainer_whose_lock_is_taken_over_stops_before_its_next_save_and_saves_nothing_more(
-        tiny_records, tmp_path):
+        tiny_records, tmp_path, endless_trainer):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    trainer = Trainer(trainer_args(data_dir, job_dir, "--train-steps", "100000",
-                                   "--save-checkpoints-steps", "3", "--precise-bn-batches", "2",
-                                   "--eval-throttle-secs", "100000", "--progress-secs", "1"),
-                      tmp_path / "log")
-    try:
-        trainer.wait_for(r"Saving checkpoints for [1-9]\d* into", timeout=180)
-        # Frozen for a moment, so that "before" and "after" the takeover are exact: another
-        # trainer takes the lock over as a taker does (a whole file by a rename).
-        trainer.process.send_signal(signal.SIGSTOP)
-        try:
-            _wait_stopped(trainer.process.pid)
-            saved_before = _SAVED.findall(trainer.text())
-            _lock_file(job_dir / job_lock.LOCK_FILE, host="thief", boot_id="x", pid=4242)
-        finally:
-            trainer.process.send_signal(signal.SIGCONT)
-        taken_at = time.monotonic()
-        code = trainer.finish(120)
-        stopped_after = time.monotonic() - taken_at
-    finally:
-        if trainer.process.poll() is None:
-            trainer.process.kill()
+    trainer = endless_trainer(data_dir, job_dir, "--save-checkpoints-steps", "3",
+                              "--precise-bn-batches", "2", *NO_EVAL,
+                              until=r"Saving checkpoints for [1-9]\d* into", timeout=180)
+    # Frozen for a moment, so that "before" and "after" the takeover are exact: another
+    # trainer takes the lock over as a taker does (a whole file by a rename).
+    with frozen(trainer.process):
+        wait_stopped(trainer.process.pid)
+        saved_before = _SAVED.findall(trainer.text())
+        write_lock_file(job_dir / job_lock.LOCK_FILE, host="thief", boot_id="x", pid=4242)
+    taken_at = time.monotonic()
+    code = trainer.finish(120)
+    stopped_after = time.monotonic() - taken_at
     text = trainer.text()
     assert code == 2, text[-3000:]
     assert "Traceback" not in text, text[-3000:]

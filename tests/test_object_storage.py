@@ -26,7 +26,8 @@ import tensorflow as tf
 from cifar10_estimator import storage, train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
-from trainer_fixtures import Trainer, run_module, trainer_args, trainer_env, work_dir
+from trainer_fixtures import (Trainer, run_concurrently, run_module, trainer_args, trainer_env,
+                              work_dir)
 
 
 # Where tensorflow-io's S3 client keeps a local copy of each file open for writing: /tmp,
@@ -249,39 +250,46 @@ def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bu
             if open(p, "rb").read()[:EVENT_HEAD] in starts]
     assert len(starts) >= 2 and not left, left
 
-    evaluated = run_module("cifar10_estimator.evaluate", export, "--data-dir", data_dir,
-                           env_extra=env)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert f"job/export/eval_report_eval_{version}.json" in _keys(s3_server, bucket, "job/")
+    # The export is evaluated and predicts, and TensorBoard (as the run summary prints it)
+    # reads the job's events from the bucket: three readers of the finished job, at once.
     picture = tmp_path / "picture.png"
     picture.write_bytes(tf.io.encode_png(tf.zeros([32, 32, 3], tf.uint8)).numpy())
-    predicted = run_module("cifar10_estimator.predict", "--saved-model",
-                           f"{job_dir}/export", str(picture), env_extra=env)
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
-    assert predicted.stdout.startswith(f"{picture}:")
-
-    # TensorBoard, as the run summary prints it, reads the job's events from the bucket.
     tensorboard = re.search(r"TensorBoard: (\S+) --logdir (\S+)", rerun.stderr).groups()
     assert tensorboard[1] == job_dir
-    port = _free_port()
-    server = subprocess.Popen([tensorboard[0], "--logdir", job_dir, "--port", str(port),
-                               "--host", "127.0.0.1", "--load_fast", "false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              cwd=tmp_path, env=trainer_env(extra=env))
-    try:
-        deadline = time.monotonic() + 120
-        tags = {}
-        while time.monotonic() < deadline and not ("." in tags and "eval" in tags):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags",
-                                            timeout=10) as response:
-                    tags = json.load(response)
-            except OSError:
-                pass
-            time.sleep(0.5)
-    finally:
-        server.kill()
-        server.wait()
+
+    def tensorboard_tags() -> dict:
+        port = _free_port()
+        server = subprocess.Popen([tensorboard[0], "--logdir", job_dir, "--port", str(port),
+                                   "--host", "127.0.0.1", "--load_fast", "false"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  cwd=tmp_path, env=trainer_env(extra=env))
+        try:
+            deadline = time.monotonic() + 120
+            tags = {}
+            while time.monotonic() < deadline and not ("." in tags and "eval" in tags):
+                try:
+                    with urllib.request.urlopen(
+                            f"http://127.0.0.1:{port}/data/plugin/scalars/tags",
+                            timeout=10) as response:
+                        tags = json.load(response)
+                except OSError:
+                    pass
+                time.sleep(0.5)
+        finally:
+            server.kill()
+            server.wait()
+        return tags
+
+    evaluated, predicted, tags = run_concurrently(
+        lambda: run_module("cifar10_estimator.evaluate", export, "--data-dir", data_dir,
+                           env_extra=env),
+        lambda: run_module("cifar10_estimator.predict", "--saved-model", f"{job_dir}/export",
+                           str(picture), env_extra=env),
+        tensorboard_tags)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert f"job/export/eval_report_eval_{version}.json" in _keys(s3_server, bucket, "job/")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert predicted.stdout.startswith(f"{picture}:")
     assert {"loss", "learning_rate"} <= set(tags.get(".", {})), tags
     assert "accuracy" in tags["eval"], tags
 
@@ -332,16 +340,19 @@ def test_a_missing_bucket_or_a_server_that_does_not_answer_is_one_line(
         s3_server, tiny_records, tmp_path):
     data_dir, _ = tiny_records
     missing = f"s3://no-such-{uuid.uuid4().hex[:8]}/job"
-    proc = run_module("cifar10_estimator", *trainer_args(data_dir, missing, "--train-steps", "2"),
-                      env_extra=_s3_env(s3_server))
-    _one_line_error(proc, f"--job-dir {missing}: the bucket s3://{missing[5:].split('/')[0]}/ "
-                          f"does not exist or these credentials cannot see it; check that")
     closed = f"http://127.0.0.1:{_free_port()}"
-    proc = run_module("cifar10_estimator", *trainer_args(data_dir, "s3://any/job",
-                                                         "--train-steps", "2"),
-                      env_extra={**_s3_env(closed), **_FAIL_FAST})
-    _one_line_error(proc, "(curlCode: 7, Couldn't connect to server); check that the bucket "
-                          "exists and that S3_ENDPOINT")
+    # Each trainer in a process of its own, at once.
+    no_bucket, no_server = run_concurrently(
+        lambda: run_module("cifar10_estimator", *trainer_args(data_dir, missing,
+                                                              "--train-steps", "2"),
+                           env_extra=_s3_env(s3_server)),
+        lambda: run_module("cifar10_estimator", *trainer_args(data_dir, "s3://any/job",
+                                                              "--train-steps", "2"),
+                           env_extra={**_s3_env(closed), **_FAIL_FAST}))
+    _one_line_error(no_bucket, f"--job-dir {missing}: the bucket s3://{missing[5:].split('/')[0]}/ "
+                               f"does not exist or these credentials cannot see it; check that")
+    _one_line_error(no_server, "(curlCode: 7, Couldn't connect to server); check that the bucket "
+                               "exists and that S3_ENDPOINT")
     assert not os.path.exists(os.path.join(work_dir(), "s3:"))  # never a local folder
 
 

@@ -4,7 +4,6 @@ With the default ``--save-checkpoints-secs 600`` none of these runs would write 
 after step 0 by itself: every checkpoint past 0 below is the one the signal made.
 """
 
-import json
 import os
 import re
 import shutil
@@ -16,9 +15,9 @@ import time
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator.distributed import launcher
-from trainer_fixtures import (Trainer, checkpoint_step, cluster_pids, start_cluster,
-                              stop_cluster, trainer_args, trainer_env)
+from cluster_fixtures import frozen, local_spec, tf_config
+from trainer_fixtures import (Trainer, checkpoint_step, run_trainer, trainer_args,
+                              trainer_env)
 
 # Every test here starts TensorFlow processes. Only the size of each run and the progress
 # cadence differ from the trainer's defaults; the checkpoint and evaluation cadences are the
@@ -32,15 +31,11 @@ _PROGRESS = re.compile(r"step (\d+)/")
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_mid_run_saves_the_current_step_and_exits_for_a_restart(
-        signum, status, tiny_records, tmp_path):
+        signum, status, tiny_records, tmp_path, endless_trainer):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
-                                   "100000"), tmp_path / "log")
-    try:
-        trainer.wait_for(r"step \d+/100000")
-    finally:
-        trainer.process.send_signal(signum)
+    trainer = endless_trainer(data_dir, job_dir)
+    trainer.send(signum)
     assert trainer.finish() == status, trainer.text()[-3000:]
     text = trainer.text()
     stopped = _STOPPED.search(text)
@@ -68,25 +63,18 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(int(caught, 16) >> (signum - 1) & 1)
 
 
-def test_a_second_signal_ends_the_process_at_once(tiny_records, tmp_path):
+def test_a_second_signal_ends_the_process_at_once(tiny_records, tmp_path, endless_trainer):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    trainer = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps",
-                                   "100000"), tmp_path / "log")
-    try:
-        trainer.wait_for(r"step \d+/100000")
-    except BaseException:
-        trainer.process.kill()
-        raise
+    trainer = endless_trainer(data_dir, job_dir)
     pid = trainer.process.pid
     assert _catches(pid, signal.SIGTERM)
-    trainer.process.send_signal(signal.SIGTERM)
+    trainer.send(signal.SIGTERM)
     while _catches(pid, signal.SIGTERM):  # until the first one is handled: save under way
         time.sleep(0.001)
     # Frozen wherever it is (the step, the save or the session's end), then the second signal.
-    trainer.process.send_signal(signal.SIGSTOP)
-    trainer.process.send_signal(signal.SIGTERM)
-    trainer.process.send_signal(signal.SIGCONT)
+    with frozen(trainer.process):
+        trainer.send(signal.SIGTERM)
     # The second signal's default action: killed by it, whatever the first one had begun.
     assert trainer.finish() == -signal.SIGTERM, trainer.text()[-3000:]
     latest = tf.train.latest_checkpoint(job_dir)
@@ -94,57 +82,41 @@ def test_a_second_signal_ends_the_process_at_once(tiny_records, tmp_path):
 
 
 def test_a_parameter_server_stops_at_once_with_status_143(tmp_path):
-    ports = launcher.free_ports(2)
-    tf_config = json.dumps({"cluster": {"chief": [f"127.0.0.1:{ports[0]}"],
-                                        "ps": [f"127.0.0.1:{ports[1]}"]},
-                            "task": {"type": "ps", "index": 0}})
-    ps = Trainer([], tmp_path / "ps.log", tf_config)
+    ps = Trainer([], tmp_path / "ps.log", tf_config(local_spec("chief", "ps"), "ps"))
     try:
         ps.wait_for("parameter server 0 serving")
     finally:
-        ps.process.send_signal(signal.SIGTERM)
+        ps.send(signal.SIGTERM)
     assert ps.finish(30) == 143, ps.text()[-3000:]
     assert "received SIGTERM: parameter server stopped" in ps.text()
 
 
 @pytest.mark.cluster
 def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes(
-        tiny_records, tmp_path):
+        tiny_records, tmp_path, launch):
     # What Kubernetes does with restartPolicy ExitCode: a task that exits with 143 is started
     # again and carries on from the chief's checkpoints.
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    log = tmp_path / "cluster.log"
-    cluster = start_cluster(["--num-workers", "2", "--evaluator", "--", *trainer_args(
+    cluster = launch(["--num-workers", "2", "--evaluator", "--", *trainer_args(
         data_dir, job_dir, "--progress-secs", "0.2", "--train-steps", "150",
-        "--max-worker-delay-secs", "0")], log)
-    try:
-        def wait_for(*patterns: str) -> None:
-            deadline = time.monotonic() + 180
-            while not all(re.search(p, log.read_text()) for p in patterns):
-                assert cluster.poll() is None and time.monotonic() < deadline, (
-                    f"no {patterns} in:\n{log.read_text()[-3000:]}")
-                time.sleep(0.1)
-
-        # Each signal must reach its task while the task is under way: the chief and the
-        # worker training (a progress line comes 0.2 s after a task's first step), the
-        # evaluator running (its role line comes after its handlers are in place). The chief
-        # alone can do all the steps before a slow worker starts (300 steps once did), so it is
-        # frozen once it trains: until the signals, only the worker's steps count (a fraction
-        # of a second of them), and the job cannot end.
-        wait_for(r"\[cluster\] started evaluator \(pid \d+\)", r"\[chief\] .*step \d+/150")
-        pids = cluster_pids(log)
-        os.kill(pids["chief"], signal.SIGSTOP)
-        try:
-            wait_for(r"\[worker0\] .*step \d+/150", r"\[evaluator\] .*role: evaluator")
-            for name in ("chief", "worker0", "evaluator"):
-                os.kill(pids[name], signal.SIGTERM)  # the frozen chief's waits for SIGCONT
-        finally:
-            os.kill(pids["chief"], signal.SIGCONT)
-        assert cluster.wait(240) == 0, log.read_text()[-4000:]
-    finally:
-        stop_cluster(cluster, log)
-    text = log.read_text()
+        "--max-worker-delay-secs", "0")], tmp_path / "cluster.log")
+    # Each signal must reach its task while the task is under way: the chief and the
+    # worker training (a progress line comes 0.2 s after a task's first step), the
+    # evaluator running (its role line comes after its handlers are in place). The chief
+    # alone can do all the steps before a slow worker starts (300 steps once did), so it is
+    # frozen once it trains: until the signals, only the worker's steps count (a fraction
+    # of a second of them), and the job cannot end.
+    cluster.wait_for(r"\[cluster\] started evaluator \(pid \d+\)", r"\[chief\] .*step \d+/150",
+                     timeout=180)
+    pids = cluster.pids()
+    with frozen(pids["chief"]):
+        cluster.wait_for(r"\[worker0\] .*step \d+/150", r"\[evaluator\] .*role: evaluator",
+                         timeout=180)
+        for name in ("chief", "worker0", "evaluator"):
+            os.kill(pids[name], signal.SIGTERM)  # the frozen chief's waits for SIGCONT
+    assert cluster.wait(240) == 0, cluster.text()[-4000:]
+    text = cluster.text()
     for name in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {name} stopped by a signal (exit status 143): starting it again" in text
     assert re.search(r"\[chief\] .*received SIGTERM at step \d+: saved ", text)
@@ -194,10 +166,8 @@ def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
     assert checkpoint_step(latest) > 0
     assert not [p for p in os.listdir(kept) if p.endswith("_temp")]  # partial shards removed
     # It loads: the same command, with room, resumes from it.
-    rerun = subprocess.run([sys.executable, "-m", "cifar10_estimator",
-                            *trainer_args(data_dir, kept, "--progress-secs", "1",
-                                          "--train-steps", str(checkpoint_step(latest) + 2))],
-                           capture_output=True, text=True, cwd=tmp_path, env=trainer_env(),
-                           timeout=300)
+    rerun = run_trainer(*trainer_args(data_dir, kept, "--progress-secs", "1",
+                                      "--train-steps", str(checkpoint_step(latest) + 2)),
+                        cwd=tmp_path, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from {latest}" in rerun.stderr

@@ -20,20 +20,13 @@ import time
 import pytest
 
 from test_object_storage import _client, _keys, _s3_env, bucket, s3_server  # noqa: F401
+from cluster_fixtures import free_ports
 from trainer_fixtures import trainer_args, trainer_env, work_dir
 
 ray = pytest.importorskip("ray")
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 pytestmark = [pytest.mark.cluster]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive_nodes(address: str) -> int:
@@ -47,7 +40,7 @@ def _alive_nodes(address: str) -> int:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """Two Ray nodes on this host, two CPUs each: the head's address."""
-    port = _free_port()
+    (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     # A short folder of its own: Ray's socket paths must fit in 107 bytes.
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")

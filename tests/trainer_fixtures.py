@@ -1,8 +1,13 @@
 """Fixtures for the trainer's tests: tiny record sets in the real schema, tiny configs, the
-trainer's flags (``trainer_args``) and its processes, which never run in the checkout."""
+trainer's flags (``trainer_args``, ``ENDLESS``, ``NO_EVAL``) and its processes (``run_trainer``
+to the end, ``Trainer`` in the background), which never run in the checkout; artefacts built
+once for the whole run (``built_once``: ``tiny_export``); the job-dir lock's file as a holder
+writes it (``write_lock_file``). Clusters: ``cluster_fixtures``."""
 
+import fcntl
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -80,17 +85,52 @@ def tiny_records(tmp_path_factory):
     return data_dir, rows
 
 
+def built_once(tmp_path_factory, name: str, build) -> str:
+    """A folder that ``build(folder)`` fills, built once for the whole test run and copied for
+    this test process, whose tests may change their copy.
+
+    Under pytest-xdist the first worker that asks builds it, in the run's temporary folder,
+    which every worker sees (the others wait on a file lock meanwhile); a build that fails
+    leaves nothing behind, and the next worker that asks tries again. Without xdist it is
+    built in this session's temporary folder."""
+    mine = tmp_path_factory.mktemp(name)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        build(str(mine))
+        return str(mine)
+    run_root = tmp_path_factory.getbasetemp().parent  # shared by the run's workers
+    shared = run_root / f"built-once-{name}"
+    with open(run_root / f"built-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shared.exists():
+            partial = run_root / f"built-once-{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            build(str(partial))
+            os.rename(partial, shared)
+    shutil.copytree(shared, mine, symlinks=True, dirs_exist_ok=True)
+    return str(mine)
+
+
 @pytest.fixture(scope="session")
 def tiny_export(tiny_records, tmp_path_factory) -> str:
     """The SavedModel folder of a tiny ResNet trained 3 steps on ``tiny_records`` (its job dir
-    is two folders up), shared by the tests that only read an export."""
+    is two folders up), shared by the tests that only read an export. Trained once for the
+    whole run (``built_once``: under pytest-xdist by the first worker that asks, on its own
+    ``tiny_records``, which hold the same records in every worker); each test process reads a
+    copy of its own."""
     from cifar10_estimator import train
 
     data_dir, _ = tiny_records
-    job_dir = tmp_path_factory.mktemp("tiny-export") / "job"
-    result = train.run(trainer_args(data_dir, job_dir, "--train-steps", "3",
-                                    "--eval-throttle-secs", "100000"))
-    return result.export_path
+
+    def build(folder: str) -> None:
+        result = train.run(trainer_args(data_dir, os.path.join(folder, "job"), "--train-steps",
+                                        "3", "--eval-throttle-secs", "100000"))
+        with open(os.path.join(folder, "export-path"), "w") as f:  # job/export/<version>
+            f.write(os.path.relpath(result.export_path, folder))
+
+    folder = built_once(tmp_path_factory, "tiny-export", build)
+    with open(os.path.join(folder, "export-path")) as f:
+        return os.path.join(folder, f.read())
 
 
 def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: int = 300,
@@ -143,29 +183,92 @@ def trainer_env(tf_config: str | None = None, extra: dict | None = None) -> dict
     return env
 
 
+# A run that trains until a test stops it, and the line that shows it training (a progress
+# line: the task has run a step; with --progress-secs 1, a second after its first step).
+ENDLESS = ("--progress-secs", "1", "--train-steps", "100000")
+TRAINING = r"step \d+/100000"
+# No evaluation during training (the final one still runs).
+NO_EVAL = ("--eval-throttle-secs", "100000")
+
+
+def run_trainer(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m cifar10_estimator ARGS`` to its end in a fresh process (``run_module``)."""
+    return run_module("cifar10_estimator", *args, **kwargs)
+
+
+def run_concurrently(*calls):
+    """Calls each of ``calls`` (functions of no arguments, such as a command run to its end)
+    in a thread of its own, all at once, and returns their results in order once every call
+    has returned; the first exception among them, if any, is raised then."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
+
+
+def last_line(text: str) -> str:
+    """The last line of a command's output (its error line, when it failed)."""
+    return text.strip().splitlines()[-1]
+
+
+def wait_until(condition, what: str, timeout: float = 30, interval: float = 0.01) -> None:
+    """Until ``condition()`` holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(interval)
+
+
 class Trainer:
-    """``python -m cifar10_estimator`` in the background, its log in a file."""
+    """``python -m cifar10_estimator ARGS`` in the background, its output in the file ``log``,
+    running in ``cwd`` (default: the session's work folder); ``tf_config`` makes it a
+    cluster's task. Started at once unless ``start`` is false (then ``start()``)."""
 
     def __init__(self, args: list[str], log, tf_config: str | None = None,
-                 env_extra: dict | None = None):
-        self.log = log
-        with open(log, "w") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *args],
-                                            stdout=out, stderr=subprocess.STDOUT,
-                                            cwd=work_dir(),
-                                            env=trainer_env(tf_config, env_extra))
+                 env_extra: dict | None = None, cwd=None, start: bool = True):
+        self.args, self.log, self.tf_config, self.env_extra = list(args), log, tf_config, env_extra
+        self.cwd = cwd
+        self.process: subprocess.Popen | None = None
+        if start:
+            self.start()
+
+    def _open_log(self):
+        return open(self.log, "w")
+
+    def start(self) -> None:
+        with self._open_log() as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "cifar10_estimator", *self.args], stdout=out,
+                stderr=subprocess.STDOUT, cwd=self.cwd or work_dir(),
+                env=trainer_env(self.tf_config, self.env_extra))
 
     def text(self) -> str:
         return self.log.read_text()
 
     def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        """Until ``pattern`` is in the log; fails if the process ends first."""
         deadline = time.monotonic() + timeout
         while not re.search(pattern, self.text()):
             assert self.process.poll() is None, self.text()[-3000:]
             assert time.monotonic() < deadline, f"no {pattern!r} in:\n{self.text()[-3000:]}"
             time.sleep(0.1)
 
+    def send(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, and waits for the end: no chance to save or release anything."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        """Kills the process if it still runs (a test's clean-up)."""
+        if self.process is not None and self.process.poll() is None:
+            self.kill()
+
     def finish(self, timeout: float = 60) -> int:
+        """Its exit status, waiting up to ``timeout`` seconds; killed if it runs longer."""
         try:
             return self.process.wait(timeout)
         finally:
@@ -173,58 +276,23 @@ class Trainer:
                 self.process.kill()
 
 
-def _is_trainer(pid: int) -> bool:
-    """Whether ``pid`` still runs one of the package's commands (not a reused pid)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"cifar10_estimator" in f.read()
-    except OSError:
-        return False
+# A job-dir lock's heartbeat that never comes during a test (an hour).
+NO_BEAT = 3600.0
 
 
-def stop_cluster(launcher: subprocess.Popen, log, grace: float = 60) -> None:
-    """Ends a launcher (``python -m cifar10_estimator.cluster``) that is still running, and
-    every task it started: SIGTERM first (the launcher then stops its tasks in order), SIGKILL
-    for whatever is left after ``grace`` seconds. Its tasks run in their own sessions, so a
-    killed launcher alone would leave them training on this machine's two cores."""
-    if launcher.poll() is None:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(grace)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
-    text = log.read_text() if os.path.exists(log) else ""
-    for pid in re.findall(r"\[cluster\] started \w+ \(pid (\d+)\)", text):
-        if _is_trainer(int(pid)):
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+def write_lock_file(path, **holder) -> None:
+    """Writes a holder's job-dir lock file as a trainer does: whole, by an atomic rename (a
+    reader, the heartbeat thread included, never sees it half-written). The holder is this
+    process unless ``holder`` says otherwise (``host``, ``pid``, ...)."""
+    import json
+    import socket
 
+    from cifar10_estimator.jobdir import lock as job_lock
 
-def start_cluster(args: list[str], log) -> subprocess.Popen:
-    """``python -m cifar10_estimator.cluster ARGS`` in the background, its output in ``log``;
-    end it with ``stop_cluster``."""
-    with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "cifar10_estimator.cluster", *args],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=work_dir(),
-                                env=trainer_env())
-
-
-def cluster_pids(log) -> dict[str, int]:
-    """The tasks the launcher started, by name: the pid of each one's latest start."""
-    return {name: int(pid) for name, pid in
-            re.findall(r"\[cluster\] started (\w+) \(pid (\d+)\)", log.read_text())}
-
-
-def run_cluster(args: list[str], log, timeout: float = 240) -> tuple[int, str]:
-    """Runs the launcher with ``args`` to its end, its output in the file ``log``; returns its
-    exit status and output. A launcher still running after ``timeout`` seconds (or a test
-    interrupted meanwhile, by pytest-timeout for one) is stopped with every task it started."""
-    launcher = start_cluster(args, log)
-    try:
-        code = launcher.wait(timeout)
-    finally:
-        stop_cluster(launcher, log)
-    return code, log.read_text()
+    body = {"host": socket.gethostname(), "boot_id": job_lock._boot_id(), "pid": os.getpid(),
+            "start_ticks": job_lock._start_ticks(os.getpid()), "since": "2026-01-01T00:00:00",
+            "beat": 0}
+    body.update(holder)
+    partial = path.with_name(path.name + ".writing")
+    partial.write_text(json.dumps(body))
+    os.replace(partial, path)

@@ -113,15 +113,16 @@ def _report_of(plan: Plan, step: int) -> Optional[dict]:
         return None
 
 
-def wait_for_report(plan: Plan, step: int, timeout_secs: float, poll_secs: float = 0.5
-                    ) -> None:
-    """Waits until the chief's report of ``step`` exists (a worker whose chief evaluates at
-    the end); one line naming ``--cluster-timeout-secs`` after ``timeout_secs``."""
+def wait_for_end(plan: Plan, step: int, timeout_secs: float, poll_secs: float = 0.5) -> None:
+    """Waits until the chief has exported ``step`` and, where it evaluates at the end
+    (``Role.chief_evaluates``), reported it: what a worker of an all-reduce job waits for
+    before it leaves. One line naming ``--cluster-timeout-secs`` after ``timeout_secs``."""
     deadline = time.monotonic() + timeout_secs
-    while _report_of(plan, step) is None:
+    while export_of(plan, step) is None or (plan.role.chief_evaluates
+                                            and _report_of(plan, step) is None):
         if time.monotonic() > deadline:
-            raise UserError(f"the chief's report of step {step} did not appear in "
-                            f"{plan.config.job_dir} within {timeout_secs:g} s "
+            raise UserError(f"the chief's export of step {step} did not appear in "
+                            f"{plan.config.resolved_export_dir} within {timeout_secs:g} s "
                             f"(--cluster-timeout-secs)")
         time.sleep(poll_secs)
 

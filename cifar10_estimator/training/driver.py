@@ -105,10 +105,11 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
     _check_lock(task)  # nothing after training either: no evaluation, report or export
     if not role.is_chief:
         step = specs.latest_step(task)
-        if plan.all_reduce_trainer and role.chief_evaluates:
-            # The chief leads the job's coordination service and evaluates now: leaving
-            # before it has reported would make its service log this task as failed.
-            final.wait_for_report(plan, step, config.cluster_timeout_secs)
+        if plan.all_reduce_trainer:
+            # The chief leads the job's coordination service and exports now (and, where it
+            # evaluates at the end, reports): a worker that left first would be logged as
+            # failed by that service once its heartbeats stop.
+            final.wait_for_end(plan, step, config.cluster_timeout_secs)
         return TrainResult(metrics, None, role=role.kind, steps_trained=step - task.start_step)
 
     def evaluate() -> dict:
@@ -120,7 +121,8 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
     result = TrainResult(metrics, export, report, step - task.start_step, role.kind)
     if plan.all_reduce_trainer:
         # The chief leads the job's coordination service: leaving before the workers have
-        # ended their sessions makes them log errors about it. A worker ends seconds after.
+        # ended their sessions makes them log errors about it. The workers leave once this
+        # export exists (final.wait_for_end).
         cluster.wait_until_gone(role.peers, _REPORT_TIMEOUT_SECS)
     return result
 
