@@ -42,8 +42,8 @@ class TrainResult:
     role: str = "local"  # the task's type in TF_CONFIG's cluster, or "local"
 
 
-def evaluation_line(metrics: dict) -> str:
-    return report.evaluation_line(metrics)
+# The evaluation's log line, for the loop (training/) that logs each evaluation.
+evaluation_line = report.evaluation_line
 
 
 def serving_settings(plan: Plan, machine: precision_probe.Machine) -> ModelSettings:

@@ -67,7 +67,10 @@ class Choice:
 
 
 def gpu_capabilities(num_gpus: int) -> list[tuple[int, int]]:
-    """The compute capability of each of the first ``num_gpus`` GPUs TensorFlow sees."""
+    """The compute capability of each of the first ``num_gpus`` GPUs TensorFlow sees (none
+    for CPU training)."""
+    if not num_gpus:
+        return []
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")[:num_gpus]

@@ -158,16 +158,10 @@ class Machine:
     cache: PrecisionCache
 
 
-def _gpu_capabilities(plan: Plan) -> list[tuple[int, int]]:
-    num_gpus = plan.config.num_gpus
-    return precision.gpu_capabilities(num_gpus) if num_gpus else []
-
-
 def check_requested(requested: str, num_gpus: int, machine: Machine) -> None:
     """Refuses ``--precision bf16`` on a machine that cannot run it fast, in one line."""
     precision.check_requested(requested, machine.cpu, onednn=machine.onednn,
-                              gpu_capabilities=precision.gpu_capabilities(num_gpus)
-                              if num_gpus else [])
+                              gpu_capabilities=precision.gpu_capabilities(num_gpus))
 
 
 def choose_training(plan: Plan, machine: Machine, recorded: Optional[str]) -> str:
@@ -182,7 +176,7 @@ def choose_training(plan: Plan, machine: Machine, recorded: Optional[str]) -> st
             f"{config.num_intra_threads}/{config.num_inter_threads}{', XLA' if config.xla else ''}")
     choice = precision.resolve_precision(
         config.precision, machine.cpu, onednn=machine.onednn,
-        gpu_capabilities=_gpu_capabilities(plan),
+        gpu_capabilities=precision.gpu_capabilities(config.num_gpus),
         measure=lambda: precision_cache.measured(
             machine.cache, describe_cpu, work, lambda: measure_training(
                 ModelSettings.of(plan), plan.worker_batch, session_config(config))),
