@@ -2,7 +2,8 @@
 (``serving.trust``), and refuse one that holds more than this package's exports hold.
 
 The allow-lists are derived here from real exports of both networks in both serving precisions,
-with and without test-time mirroring, and both ResNet versions; a change to the export that uses
+with and without test-time mirroring, both ResNet versions, and the whitening layer with
+multi-crop test-time views; a change to the export that uses
 another op fails ``test_the_allow_lists_are_the_ops_our_exports_use`` until the op is added to
 the list, consciously. The hostile SavedModels are real (built with TensorFlow, or our export
 with its proto edited: ``fuzz.serving``), and are shown to act when loaded unchecked.
@@ -27,6 +28,9 @@ VARIANTS = {
     "resnet-fp32": ({"num_layers": 8}, "float32"),
     "resnet-bf16-mirror": ({"num_layers": 8, "test_time_mirror": True}, "bfloat16"),
     "resnet-v2-fp32": ({"num_layers": 8, "resnet_version": 2}, "float32"),
+    # The whitening layer and the six test-time views of multi-crop evaluation.
+    "resnet-levers-bf16": ({"num_layers": 8, "whitening_patch": 2, "test_time_shift": 1,
+                            "test_time_mirror": True}, "bfloat16"),
     "cnn-fp32-mirror": ({"model": "tutorial-cnn", "test_time_mirror": True}, "float32"),
     "cnn-bf16": ({"model": "tutorial-cnn"}, "bfloat16"),
 }

@@ -59,6 +59,12 @@ def _check_model(config: TrainConfig) -> None:
 
 def _check_strategy(config: TrainConfig) -> None:
     strategy = config.distribution_strategy
+    if config.lookahead_steps and (config.sync or strategy != TOWERS):
+        # Its update runs after the optimizer's inside the train op, which SyncReplicasOptimizer
+        # and a strategy's replicas run apart.
+        raise UserError(f"--lookahead-steps: not available with "
+                        f"{'--sync' if config.sync else f'--distribution-strategy {strategy}'}; "
+                        f"set it to 0, or train on one worker")
     if strategy == TOWERS:
         return
     if config.sync:

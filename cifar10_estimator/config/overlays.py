@@ -121,6 +121,22 @@ STRATEGIES: dict[str, Mapping[str, Any]] = {
 }
 
 
+# The settings that say where the piecewise schedule drops; given any of them, a paper run of
+# the user's length keeps the tutorial's schedule (``follows_he``).
+SCHEDULE_FIELDS = frozenset({"lr_schedule", "lr_boundary_epochs", "lr_decay_factors"})
+
+
+def follows_he(values: Mapping[str, Any], epochs_given: bool,
+               schedule_given: bool) -> bool:
+    """Whether a run takes He et al.'s proportions of its length (``lr_schedule`` ``he``) in
+    place of the tutorial's drops: a ResNet on the paper recipe whose length is given in epochs
+    and whose schedule is not. The tutorial's boundaries (82, 123, 300 epochs) belong to its
+    80,000 steps; a 15-epoch run would never reach them. ``--train-steps``, the tutorial's own
+    flag, keeps the tutorial's schedule, as it did there."""
+    return (values["recipe"] == "paper" and values["model"] == RESNET
+            and values["lr_schedule"] == "piecewise" and epochs_given and not schedule_given)
+
+
 def defaults(model: str, recipe: str, strategy: str = TOWERS) -> dict[str, Any]:
     """Every setting's default for this model, strategy and recipe (the fields', then the
     overlays')."""
@@ -142,6 +158,8 @@ def build(**given: Any) -> TrainConfig:
     if given.get("train_epochs") is not None and "train_steps" not in given:
         values["train_steps"] = None  # a length given in epochs replaces the model's steps
     values.update(given)
+    if follows_he(values, "train_epochs" in given, bool(given.keys() & SCHEDULE_FIELDS)):
+        values["lr_schedule"] = "he"
     return TrainConfig(**values)
 
 
@@ -156,6 +174,11 @@ def describe(config: TrainConfig) -> str:
     """``recipe NAME: --flag value, ...``: every setting a recipe may set, marking the values
     that differ from the recipe's (given on the command line)."""
     expected = defaults(config.model, config.recipe, config.distribution_strategy)
+    schedule_given = any(getattr(config, name) != expected[name]
+                         for name in SCHEDULE_FIELDS - {"lr_schedule"})
+    if config.lr_schedule == "he" and follows_he(expected, config.train_epochs is not None,
+                                                 schedule_given):
+        expected["lr_schedule"] = "he"
     parts = [f"{flag(name)} {shown(getattr(config, name))}"
              f"{' (given)' if getattr(config, name) != expected[name] else ''}"
              for name in RECIPE_FIELDS]

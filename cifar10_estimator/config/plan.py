@@ -23,7 +23,7 @@ TRAINER_JOBS = ("chief", "master", "worker")
 # A precision's dtype: what the convolutions compute in (variables stay float32).
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 # Schedules whose shape depends on the run's length (model/schedules.py).
-LENGTH_SHAPED_SCHEDULES = ("cosine", "one-cycle")
+LENGTH_SHAPED_SCHEDULES = ("he", "cosine", "one-cycle")
 
 
 @dataclasses.dataclass(frozen=True)

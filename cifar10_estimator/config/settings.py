@@ -36,10 +36,20 @@ ESTIMATOR_SECS = 600
 ONE_CYCLE_START_DIVISOR = 25.0
 ONE_CYCLE_END_DIVISOR = ONE_CYCLE_START_DIVISOR * 1e4
 ONE_CYCLE_RISE = 0.3
+# He et al. 2015 (arXiv:1512.03385), section 4.2: the rate "divided by 10 at 32k and 48k
+# iterations", the run ending at 64k: drops at 50 % and 75 % of the run, to 0.1 and 0.01.
+HE_FRACTIONS = (0.5, 0.75)
+HE_FACTORS = (1.0, 0.1, 0.01)
+LR_SCHEDULES = ("piecewise", "he", "cosine", "one-cycle")
 # He et al. 2015 (arXiv:1512.03385), section 4.2: a CIFAR ResNet has 6n+2 layers, a stem,
 # three stages of n two-layer blocks and the dense layer; n >= 1.
 RESNET_DEPTH = Check(lambda v: v >= 8 and (v - 2) % 6 == 0,
                      "6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...)")
+
+# Training's crops move a picture by at most PAD (4) pixels (data/pipeline.py): a larger shift
+# would show the network views it never trained on.
+TEST_TIME_SHIFT = Check(lambda v: 0 <= v <= 4, "0 to 4 pixels (training's crops move a "
+                                               "picture by 4 at most)")
 
 
 def depth_problem(num_layers: int) -> Optional[str]:
@@ -94,7 +104,7 @@ class ModelParams:
                "arXiv:1812.01187, section 3.1) (true/false)",
         group="model", record=True, models=(RESNET,), recipe=True)
     learning_rate: float = setting(
-        0.1, "peak learning rate: the base of the piecewise schedule (multiplied by "
+        0.1, "peak learning rate: the base of the piecewise and he schedules (multiplied by "
              "--lr-decay-factors at --lr-boundary-epochs), the start of cosine decay, the top "
              "of the one-cycle",
         group="schedule", record=True, check=POSITIVE, recipe=True)
@@ -104,11 +114,16 @@ class ModelParams:
            "times the workers with --sync); 0: no scaling, --learning-rate is the peak",
         group="schedule", record=True, check=AT_LEAST_0, recipe=True)
     lr_schedule: str = setting(
-        "piecewise", f"piecewise: the paper's drops at --lr-boundary-epochs; cosine: from the "
-                     f"peak down to 0 at the end of the run (Loshchilov and Hutter 2017); "
-                     f"one-cycle: up from peak/{ONE_CYCLE_START_DIVISOR:g} to the peak, then "
-                     f"down to peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017)",
-        group="schedule", record=True, choices=("piecewise", "cosine", "one-cycle"),
+        "piecewise", f"piecewise: the tutorial's drops at --lr-boundary-epochs; he: the "
+                     f"paper's proportions of any run, x{HE_FACTORS[1]:g} at "
+                     f"{HE_FRACTIONS[0] * 100:.0f}%% and x{HE_FACTORS[2]:g} at "
+                     f"{HE_FRACTIONS[1] * 100:.0f}%% "
+                     f"of its steps (He et al. 2015), which --recipe paper follows when "
+                     f"--train-epochs is given and --lr-boundary-epochs is not; cosine: from the peak down to 0 at the end "
+                     f"of the run (Loshchilov and Hutter 2017); one-cycle: up from "
+                     f"peak/{ONE_CYCLE_START_DIVISOR:g} to the peak, then down to "
+                     f"peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017)",
+        group="schedule", record=True, choices=LR_SCHEDULES,
         recipe=True)
     warmup_epochs: float = setting(
         0.0, f"epochs of linear warm-up from 0 to the peak rate before the schedule (Goyal et "
@@ -149,6 +164,34 @@ class ModelParams:
                "logits of each picture and of its mirror image (twice the network's work per "
                "picture; training is unchanged) (true/false)",
         group="model", record=True, recipe=True)
+    test_time_shift: int = setting(
+        0, "multi-crop test-time augmentation: evaluation, prediction and the export also "
+           "classify each picture shifted by this many pixels up-left and down-right (edges "
+           "reflected), weighing the picture 1/2 and each shift 1/4, each with its mirror "
+           "under --test-time-mirror (airbench, Jordan 2024, arXiv:2404.00498: 1 "
+           "pixel); three times the network's work per picture; 0 is off",
+        group="model", record=True, check=TEST_TIME_SHIFT, models=(RESNET,), recipe=True)
+    whitening_patch: int = setting(
+        0, "a frozen whitening layer in front of the ResNet: a convolution whose filters are "
+           "the principal components of the training pictures' PATCHxPATCH patches, each "
+           "scaled to unit variance, computed once from up to 5,000 training pictures when the "
+           "job starts and kept in the checkpoints and the export (airbench, Jordan 2024, "
+           "arXiv:2404.00498: 2x2); the stem then reads 3xPATCH^2 channels; 0 is "
+           "off",
+        group="model", record=True, choices=(0, 2, 3), models=(RESNET,), recipe=True)
+    batch_norm_lr_multiplier: float = setting(
+        1.0, "learning-rate multiplier of the batch-norm scales and shifts (airbench, Jordan "
+             "2024, arXiv:2404.00498, trains the shifts 64 times faster than the weights)",
+        group="schedule", record=True, check=POSITIVE, models=(RESNET,), recipe=True)
+    lookahead_steps: int = setting(
+        0, "Lookahead (Zhang et al. 2019, arXiv:1907.08610): every K steps the weights move to "
+           "slow weights that step --lookahead-alpha of the way towards them; K is 5 in the "
+           "paper; 0 is off (one worker, or asynchronous parameter servers)",
+        group="schedule", record=True, check=AT_LEAST_0, recipe=True)
+    lookahead_alpha: float = setting(
+        0.5, "Lookahead's step of the slow weights towards the fast ones (the paper's 0.5)",
+        group="schedule", record=True, check=Check(lambda v: 0 < v <= 1, "in (0, 1]"),
+        recipe=True)
     variable_strategy: str = setting(
         "CPU", "where variables live: CPU keeps them on /cpu:0, GPU spreads them over the "
                "GPUs by byte size", group="devices", choices=("CPU", "GPU"))
@@ -177,6 +220,11 @@ class TrainConfig(ModelParams):
         True, "augment training images (the model's recipe: pad, crop and flip for the ResNet; "
               "crop, flip and colour for the tutorial CNN) (true/false)",
         group="data", record=True)
+    alternating_flips: bool = setting(
+        False, "flip each training picture in every other epoch instead of at random: a "
+               "random half in the first epoch, then the other half, and so on (airbench, "
+               "Jordan 2024, arXiv:2404.00498) (true/false)",
+        group="data", record=True, recipe=True)
     eval_batch_size: int = setting(100, "images per evaluation step, split over the towers",
                                    group="data", check=AT_LEAST_1)
     seed: Optional[int] = setting(

@@ -24,6 +24,7 @@ the weights ignore the padding and towers always get equal shards.
 """
 
 import random
+from typing import Optional
 
 import tensorflow as tf
 
@@ -61,15 +62,18 @@ def parse_batch(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return schema.decode_images(parsed["image"]), tf.cast(parsed["label"], tf.int32)
 
 
-def _crop_and_flip(images: tf.Tensor, seed: tf.Tensor, size: int, pad: int) -> tf.Tensor:
+def _crop_and_flip(images: tf.Tensor, seed: tf.Tensor, size: int, pad: int,
+                   flips: Optional[tf.Tensor] = None) -> tf.Tensor:
     """Random ``size`` x ``size`` windows of each image padded by ``pad``, flipped
-    left-right with probability 1/2; one gather per axis, so no per-image work is scheduled."""
+    left-right with probability 1/2 (or where ``flips``, bool [B], says); one gather per axis,
+    so no per-image work is scheduled."""
     batch = tf.shape(images)[0]
     padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
     offsets = tf.random.stateless_uniform([batch, 2], seed=seed,
                                           maxval=schema.HEIGHT + 2 * pad - size + 1,
                                           dtype=tf.int32)
-    flips = tf.random.stateless_uniform([batch], seed=seed + [0, 1 << 32]) < 0.5
+    if flips is None:
+        flips = tf.random.stateless_uniform([batch], seed=seed + [0, 1 << 32]) < 0.5
     steps = tf.range(size)[None, :]
     rows = offsets[:, :1] + steps
     # A flipped image reads its window's columns right to left.
@@ -78,21 +82,24 @@ def _crop_and_flip(images: tf.Tensor, seed: tf.Tensor, size: int, pad: int) -> t
     return tf.gather(cropped, cols, axis=2, batch_dims=1)
 
 
-def distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+def distort_batch(images: tf.Tensor, seed: tf.Tensor,
+                  flips: Optional[tf.Tensor] = None) -> tf.Tensor:
     """``pad-crop-flip`` on a [B,32,32,C] batch of any dtype.
 
     Args:
       images: the batch.
       seed: int64 [2], the stateless random seed of this batch; the same seed gives the same
         crops and flips.
+      flips: bool [B], which images to flip (``alternating_flips``), instead of at random.
     """
-    return _crop_and_flip(images, seed, schema.HEIGHT, PAD)
+    return _crop_and_flip(images, seed, schema.HEIGHT, PAD, flips)
 
 
-def tutorial_distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+def tutorial_distort_batch(images: tf.Tensor, seed: tf.Tensor,
+                           flips: Optional[tf.Tensor] = None) -> tf.Tensor:
     """``crop-flip-colour`` on a [B,32,32,C] batch: float32 [B,24,24,C], as ``distort_batch``
     seeded."""
-    x = tf.cast(_crop_and_flip(images, seed, TUTORIAL_CROP, 0), tf.float32)
+    x = tf.cast(_crop_and_flip(images, seed, TUTORIAL_CROP, 0, flips), tf.float32)
     batch = tf.shape(images)[0]
     brightness = tf.random.stateless_uniform(
         [batch, 1, 1, 1], seed=seed + [0, 2 << 32], minval=-TUTORIAL_BRIGHTNESS,
@@ -108,17 +115,34 @@ def tutorial_distort_batch(images: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 AUGMENTATIONS = {PAD_CROP_FLIP: distort_batch, CROP_FLIP_COLOUR: tutorial_distort_batch}
 
 
+def alternating_flips(indices: tf.Tensor, epochs: tf.Tensor, seed: int) -> tf.Tensor:
+    """Whether to flip each record (bool [B]) in its epoch under alternating flips (airbench,
+    Jordan 2024, arXiv:2404.00498): a fixed random half of the records in even epochs, the
+    other half in odd ones, so every two epochs show every picture both ways.
+
+    Args:
+      indices: int64 [B], the records' places in the training file.
+      epochs: int64 [B], the epoch each record is read in, from 0.
+      seed: chooses the half; a record's half is a hash of its index and the seed, so no
+        table of the file's size is kept.
+    """
+    half = tf.strings.to_hash_bucket_fast(
+        tf.strings.join([tf.strings.as_string(indices), str(seed)], "/"), 2)
+    return tf.equal((half + epochs) % 2, 1)
+
+
 class Cifar10DataSet:
     """One split of the CIFAR-10 TFRecords."""
 
     def __init__(self, data_dir: str, subset: str = "train", use_distortion: bool = True,
-                 augmentation: str = PAD_CROP_FLIP):
+                 augmentation: str = PAD_CROP_FLIP, alternate_flips: bool = False):
         """
         Args:
           data_dir: folder with ``<subset>.tfrecords``.
           subset: 'train', 'validation' or 'eval'.
           use_distortion: augment; applies to 'train' only.
           augmentation: one of ``AUGMENTATIONS``.
+          alternate_flips: the augmentation flips by ``alternating_flips``, not at random.
 
         Raises:
           UserError: the record file is missing.
@@ -133,6 +157,7 @@ class Cifar10DataSet:
                              f"{sorted(AUGMENTATIONS)}")
         self.use_distortion = use_distortion and subset == "train"
         self.augment = AUGMENTATIONS[augmentation]
+        self.alternate_flips = alternate_flips
         self.path = metadata.existing_record_path(data_dir, subset)
 
     def num_examples(self) -> int:
@@ -165,6 +190,14 @@ class Cifar10DataSet:
         padded as the module docstring says: what an evaluation reads."""
         return self._evaluation_batches(self._records(), batch_size)
 
+    def spread_sample(self, count: int) -> tf.data.Dataset:
+        """One batch of up to ``count`` pictures (float32 [N, 32, 32, 3], 0..255, not
+        augmented) spread evenly over the file: every (records // count)-th record, so a file
+        written in class order still gives every class."""
+        stride = max(1, self.num_examples() // count)
+        return without_autotuning(self._records().shard(stride, 0).take(count).batch(count).map(
+            lambda serialized: tf.cast(parse_batch(serialized)[0], tf.float32)))
+
     def _records(self) -> tf.data.Dataset:
         # Its framing walked first (a few hundredths of a second): TensorFlow's reader would
         # allocate whatever length a record declares, and a hostile one crashes the process.
@@ -174,23 +207,36 @@ class Cifar10DataSet:
 
     def _training_batches(self, records, batch_size, seed, shuffle_buffer, shard):
         shards, index = shard
+        # Each record with its place in the file, which alternating flips key on.
+        records = records.enumerate()
         if shards > 1:
             records = records.shard(shards, index)
             seed = None if seed is None else seed + index  # the same seed: other orders
-        buffer = shuffle_buffer or max(-(-self.num_examples() // shards), 1)
+        # Records of this shard: records index, index + shards, ...
+        shard_records = max(len(range(index, self.num_examples(), shards)), 1)
+        buffer = shuffle_buffer or shard_records
         # Shuffle before repeat so each epoch sees every record once; reshuffled per epoch.
         records = records.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
         # drop_remainder gives a static batch size, which the tower split needs.
         batches = records.batch(batch_size, drop_remainder=True)
         distort = self.augment if self.use_distortion else None
+        alternate = distort is not None and self.alternate_flips
         # Each batch's augmentation seed is (base seed, batch index): repeatable for a given
         # seed whatever order the parallel map runs in.
         base_seed = seed if seed is not None else random.SystemRandom().randrange(1 << 62)
 
-        def parse(index, serialized):
+        def parse(batch, places_and_records):
+            places, serialized = places_and_records
             images, labels = parse_batch(serialized)
             if distort:
-                images = distort(images, tf.stack([tf.constant(base_seed, tf.int64), index]))
+                flips = None
+                if alternate:
+                    # Every epoch is one pass of the shard (shuffled before the repeat), so
+                    # the n-th record read is in epoch n // shard_records.
+                    read = batch * batch_size + tf.range(batch_size, dtype=tf.int64)
+                    flips = alternating_flips(places, read // shard_records, base_seed)
+                images = distort(images, tf.stack([tf.constant(base_seed, tf.int64), batch]),
+                                 flips)
             return {"image": tf.cast(images, tf.float32)}, labels
 
         # Two whole batches in flight keep the step fed with a wide margin: the pipeline alone

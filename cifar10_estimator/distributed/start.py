@@ -103,7 +103,7 @@ def start(config: TrainConfig, role: Role, machine: Machine, stack: contextlib.E
     """Starts this task (see the module's docstring) and returns it. The chief's lock is
     released when ``stack`` closes, or by ``before_exit`` (a preemption's exit)."""
     train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training,
-                                networks.AUGMENTATIONS[config.model])
+                                networks.AUGMENTATIONS[config.model], config.alternating_flips)
     eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
     for split in ("eval",) if role.task_type == "evaluator" else ("train", "eval"):
         metadata.verify_split(config.data_dir, split)
@@ -173,7 +173,18 @@ def _plan_line(plan: Plan) -> str:
             f"{plan.steps_per_epoch} steps per epoch, {plan.train_steps} steps in all "
             f"({plan.train_steps / plan.steps_per_epoch:.4g} epochs{own}), "
             f"{config.lr_schedule} learning rate peaking at "
-            f"{schedules.peak_learning_rate(config, plan.global_batch):.4g}")
+            f"{schedules.peak_learning_rate(config, plan.global_batch):.4g}{_drops(plan)}")
+
+
+def _drops(plan: Plan) -> str:
+    """``, x0.1 after step 50 and x0.01 after step 75 (He et al.'s proportions of the run)``
+    for an ``he`` schedule, whose steps follow the length; nothing for the others."""
+    if plan.config.lr_schedule != "he":
+        return ""
+    boundaries, factors = schedules.drops(plan.config, plan.steps_per_epoch, plan.train_steps)
+    return (", " + " and ".join(f"x{f:g} after step {b}" for b, f in zip(boundaries,
+                                                                          factors[1:]))
+            + " (He et al.'s proportions of the run)")
 
 
 def schedule_change(plan: Plan, recorded_steps: int, at_step: int) -> str:

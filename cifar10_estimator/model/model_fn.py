@@ -15,8 +15,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator.data import schema
-from cifar10_estimator.model import metrics, networks, schedules, sync_replicas, towers
+from cifar10_estimator.data import pipeline, schema
+from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules,
+                                     sync_replicas, towers, whitening)
 from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.config.settings import TUTORIAL_BATCH, ModelParams
 
@@ -52,6 +53,8 @@ class ModelSettings:
     compute_dtype: str = "float32"
     # Names of the classes in label order; their count is the width of the logits.
     class_names: Sequence[str] = schema.CLASS_NAMES
+    # The records folder whose training pictures give the whitening filters (training only).
+    data_dir: Optional[str] = None
 
     @classmethod
     def of(cls, plan: Plan, compute_dtype: Optional[str] = None) -> "ModelSettings":
@@ -62,7 +65,7 @@ class ModelSettings:
                    devices=plan.devices, num_workers=plan.role.num_trainers,
                    is_chief=plan.role.is_chief, global_batch=plan.global_batch,
                    compute_dtype=compute_dtype or plan.compute_dtype,
-                   class_names=plan.class_names)
+                   class_names=plan.class_names, data_dir=plan.config.data_dir)
 
     @property
     def num_classes(self) -> int:
@@ -81,12 +84,23 @@ class _Towers:
     update_ops: list = dataclasses.field(default_factory=list)
 
 
+def _whitening_sample(s: ModelSettings):
+    """In training with ``--whitening-patch``, what gives the pictures the whitening filters
+    are computed from (``whitening.SAMPLE_PICTURES``, spread over the training file)."""
+    if not s.params.whitening_patch or s.data_dir is None:
+        return None
+    sample = pipeline.Cifar10DataSet(s.data_dir, "train").spread_sample(
+        whitening.SAMPLE_PICTURES)
+    return lambda: sample.get_single_element()
+
+
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
     p = s.params
     logits = networks.logits(images, p, is_training=is_training, num_classes=s.num_classes,
                              data_format=s.data_format, compute_dtype=tf.as_dtype(s.compute_dtype),
-                             batch_norm_decay=bn_decay)
+                             batch_norm_decay=bn_decay,
+                             whitening_sample=_whitening_sample(s) if is_training else None)
     if labels is None:
         return logits, None, None
     if is_training and p.label_smoothing > 0:
@@ -210,17 +224,31 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
         # lets a chief that starts first fill the first steps with its own gradients alone;
         # with none, step 1 waits for every worker.
         hooks.append(sync_replicas.sync_replicas_hook(optimizer, s.is_chief, num_tokens=0))
-    gradvars = towers.average_gradients(built.grads)
+    gradvars = _batch_norm_rates(towers.average_gradients(built.grads), s)
     # A NaN or infinite loss fails the step before the update is applied, so the variables
     # (and every checkpoint saved later) keep their last finite values. Estimator's own
     # NanTensorHook checks only after the step, when the chief's checkpoint hook (which runs
     # first) may already have saved the NaN weights.
     with tf.control_dependencies([tf.debugging.check_numerics(loss, NAN_LOSS_MESSAGE)]):
         apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
+    if s.params.lookahead_steps:
+        apply_op = lookahead.step(apply_op, weights, global_step, s.params.lookahead_steps,
+                                  s.params.lookahead_alpha)
     if average is not None and not s.params.sync:
         with tf.control_dependencies([apply_op]):  # the average of the updated weights
             apply_op = average.apply(weights)
     return tf.group(apply_op, *built.update_ops), hooks
+
+
+def _batch_norm_rates(gradvars, s: ModelSettings):
+    """The gradients of the batch-norm scales and shifts times ``batch_norm_lr_multiplier``:
+    with momentum SGD, a gradient k times larger is a learning rate k times larger for that
+    variable alone."""
+    factor = s.params.batch_norm_lr_multiplier
+    if factor == 1:
+        return gradvars
+    return [(g * factor if v.op.name.endswith(resnet.BATCH_NORM_PARAMETERS) else g, v)
+            for g, v in gradvars]
 
 
 def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelSettings):

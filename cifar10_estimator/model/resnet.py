@@ -19,15 +19,20 @@ serving, ``fold_batch_norm`` folds every batch norm that directly follows a conv
 it, over the same variables (so the same checkpoint fits).
 """
 
+from typing import Callable, Optional
+
 import tensorflow as tf
 
 from cifar10_estimator.config.settings import blocks_per_stage
+from cifar10_estimator.model import whitening
 
 DATA_FORMATS = ("channels_last", "channels_first")
 NUM_FILTERS = (16, 16, 32, 64)  # stem, then stages 1-3 (paper, section 4.2)
 STAGE_STRIDES = (1, 2, 2)
 # The last part of every convolution's and the dense layer's weight-matrix name.
 KERNEL = "kernel"
+# The last parts of the names of the batch norms' trainable scale and shift.
+BATCH_NORM_PARAMETERS = ("/gamma", "/beta")
 
 
 class _Builder:
@@ -163,11 +168,18 @@ class _Builder:
             return y + self.shortcut(x, out_filters, stride)
 
 
+def _network_scale(images: tf.Tensor) -> tf.Tensor:
+    """0..255 to [-1, 1), as the original tutorial scaled its pictures (x / 128 - 1)."""
+    return tf.cast(images, tf.float32) / 128.0 - 1.0
+
+
 def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, version: int = 1,
                  data_format: str = "channels_last", batch_norm_decay=0.997,
                  batch_norm_epsilon: float = 1e-5, num_classes: int = 10,
                  compute_dtype: tf.DType = tf.float32,
-                 fold_batch_norm: bool = False, zero_init_residual: bool = False) -> tf.Tensor:
+                 fold_batch_norm: bool = False, zero_init_residual: bool = False,
+                 whitening_patch: int = 0,
+                 whitening_sample: Optional[Callable[[], tf.Tensor]] = None) -> tf.Tensor:
     """Builds the ResNet forward pass.
 
     Args:
@@ -187,6 +199,10 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
       zero_init_residual: version 1 only: initialise the scale of each block's last batch
         norm to 0, so that each block starts as the identity of its shortcut (Goyal et al.
         2017, arXiv:1706.02677, section 5.1).
+      whitening_patch: 0, or the patch size of a frozen whitening layer before the stem
+        (``whitening``): the stem then reads its 3 x patch^2 channels.
+      whitening_sample: training: gives the pictures (float32 [N, 32, 32, 3], 0..255) the
+        whitening filters are computed from when first initialised.
 
     Returns:
       float32 logits [batch, num_classes].
@@ -203,11 +219,14 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
                  fold_batch_norm, zero_init_residual)
     block = b.block_v1 if version == 1 else b.block_v2
 
-    # Scale 0..255 to [-1, 1) as the original tutorial did (x / 128 - 1).
-    x = tf.cast(images, tf.float32) / 128.0 - 1.0
+    x = _network_scale(images)
     if b.nchw:
         x = tf.transpose(x, [0, 3, 1, 2])
     x = tf.cast(x, compute_dtype)
+    if whitening_patch:
+        x = whitening.whiten(
+            x, whitening_patch, nchw=b.nchw, compute_dtype=compute_dtype,
+            sample=whitening_sample and (lambda: _network_scale(whitening_sample())))
 
     if version == 1:
         x = tf.nn.relu(b.conv_bn(x, NUM_FILTERS[0], 1, "stem", "stem_bn"))  # 32x32x16

@@ -4,6 +4,9 @@ Learning-rate schedules, all counted in global steps and epochs of the training 
 
 - ``piecewise``: the paper's; the peak rate times one factor per phase, changing at epoch
   boundaries (He et al. 2015, section 4.2, by way of tensorpack's cifar10-resnet).
+- ``he``: the paper's proportions of any run: the peak, a tenth of it from half the run's
+  steps and a hundredth from three quarters (He et al. 2015, section 4.2: 32k and 48k of 64k
+  iterations; ``config.settings``' HE_*).
 - ``cosine``: half a cosine from the peak down to 0 at the run's last step (Loshchilov and
   Hutter 2017, "SGDR", arXiv:1608.03983, without restarts).
 - ``one-cycle``: linear up from a fraction of the peak to the peak, then half a cosine down to
@@ -16,17 +19,18 @@ Goyal et al.'s linear scaling rule (section 2.1), which keeps the updates of one
 size whatever the batch.
 
 A warm-up (``warmup_epochs``; Goyal et al. 2017, "Accurate, Large Minibatch SGD",
-arXiv:1706.02677) scales the rate linearly from 0 to full over its epochs: for ``piecewise`` it
-ramps the first phase, whose boundaries stay where they are; ``cosine`` starts its decay after
-it; for ``one-cycle`` it sets the length of the rise.
+arXiv:1706.02677) scales the rate linearly from 0 to full over its epochs: for ``piecewise``
+and ``he`` it ramps the first phase, whose boundaries stay where they are; ``cosine`` starts
+its decay after it; for ``one-cycle`` it sets the length of the rise.
 """
 
 import math
 
 import tensorflow as tf
 
-from cifar10_estimator.config.settings import (ONE_CYCLE_END_DIVISOR, ONE_CYCLE_RISE,
-                                               ONE_CYCLE_START_DIVISOR, ModelParams)
+from cifar10_estimator.config.settings import (HE_FACTORS, HE_FRACTIONS, ONE_CYCLE_END_DIVISOR,
+                                               ONE_CYCLE_RISE, ONE_CYCLE_START_DIVISOR,
+                                               ModelParams)
 
 
 def peak_learning_rate(params: ModelParams, global_batch: int) -> float:
@@ -49,14 +53,24 @@ def learning_rate(global_step: tf.Tensor, params: ModelParams, steps_per_epoch: 
         progress = tf.clip_by_value((step - warmup) / max(total_steps - warmup, 1.0), 0.0, 1.0)
         rate = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
     else:
-        boundaries = [int(steps_per_epoch * e) for e in params.lr_boundary_epochs]
-        values = [peak * f for f in params.lr_decay_factors]
+        boundaries, factors = drops(params, steps_per_epoch, total_steps)
+        values = [peak * f for f in factors]
         rate = tf.cast(tf.compat.v1.train.piecewise_constant(global_step, boundaries, values),
                        tf.float32)
     if warmup > 0:
         # Step 0 already trains: (step + 1) / warmup reaches the peak at the warm-up's end.
         rate *= tf.minimum(1.0, (step + 1.0) / warmup)
     return rate
+
+
+def drops(params: ModelParams, steps_per_epoch: int, total_steps: int
+          ) -> tuple[list[int], tuple[float, ...]]:
+    """(boundaries, factors) of a ``piecewise`` or ``he`` schedule: the rate is the peak times
+    factors[i] after boundaries[i - 1] (global steps) and up to boundaries[i]."""
+    if params.lr_schedule == "he":
+        return [int(total_steps * f) for f in HE_FRACTIONS], HE_FACTORS
+    return ([int(steps_per_epoch * e) for e in params.lr_boundary_epochs],
+            params.lr_decay_factors)
 
 
 def _one_cycle(step: tf.Tensor, peak: float, rise: float, total: int) -> tf.Tensor:

@@ -66,13 +66,15 @@ MAX_SAVED_MODEL_BYTES = 256 << 20
 
 # The ops of every function an export's signatures reach, and of its graph's own nodes: the
 # networks, the picture decoding of serving_bytes, the tf.train.Example parsing of
-# serving_examples and classify, and the calls between them.
+# serving_examples and classify, and the calls between them (MirrorPad: the shifted views of
+# --test-time-shift, edges reflected).
 SERVING_OPS = (
     "Abs", "AddV2", "All", "ArgMax", "Assert", "AvgPool", "BiasAdd", "Cast", "ConcatV2", "Const",
     "Conv2D", "DecodeImage", "DecodeRaw", "EnsureShape", "Equal", "ExpandDims",
     "ExtractJpegShape", "FloorMod", "FusedBatchNormV3", "GatherV2", "Greater", "GreaterEqual",
     "Identity", "If", "LRN", "LeftShift", "Less", "LessEqual", "LogicalAnd", "LogicalNot",
-    "LogicalOr", "MatMul", "MaxPool", "Maximum", "Mean", "Minimum", "Mul", "NoOp", "Pack", "Pad",
+    "LogicalOr", "MatMul", "MaxPool", "Maximum", "Mean", "Minimum", "MirrorPad", "Mul", "NoOp",
+    "Pack", "Pad",
     "ParseExampleV2", "PartitionedCall", "Placeholder", "Prod", "Range", "RealDiv", "Relu",
     "Reshape", "ResizeArea", "ReverseV2", "Round", "Rsqrt", "SelectV2", "Shape", "Slice",
     "Softmax", "Sqrt", "Square", "Squeeze", "StatefulPartitionedCall", "StatelessIf",
