@@ -64,7 +64,8 @@ def _check_strategy(config: TrainConfig) -> None:
         # and a strategy's replicas run apart.
         raise UserError(f"--lookahead-steps: not available with "
                         f"{'--sync' if config.sync else f'--distribution-strategy {strategy}'}; "
-                        f"set it to 0, or train on one worker")
+                        f"set it to 0, or train with --distribution-strategy towers"
+                        f"{' and without --sync' if config.sync else ''}")
     if strategy == TOWERS:
         return
     if config.sync:

@@ -84,6 +84,9 @@ class _Towers:
     update_ops: list = dataclasses.field(default_factory=list)
 
 
+# Under a tf.distribute strategy Estimator converts the model_fn with autograph, which would
+# try (and warn about) converting the file checks and metadata reads below: plain Python.
+@tf.autograph.experimental.do_not_convert
 def _whitening_sample(s: ModelSettings):
     """In training with ``--whitening-patch``, what gives the pictures the whitening filters
     are computed from (``whitening.SAMPLE_PICTURES``, spread over the training file)."""
@@ -91,7 +94,7 @@ def _whitening_sample(s: ModelSettings):
         return None
     sample = pipeline.Cifar10DataSet(s.data_dir, "train").spread_sample(
         whitening.SAMPLE_PICTURES)
-    return lambda: sample.get_single_element()
+    return tf.autograph.experimental.do_not_convert(lambda: sample.get_single_element())
 
 
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
