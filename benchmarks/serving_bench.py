@@ -10,12 +10,14 @@ and 256 and p50/p99 latency at batch 1 through:
 - ``serving_default`` run the way TensorFlow Serving runs it (the MetaGraph restored into a
   ``Session``, fed and fetched by the signature's tensor names);
 - Keras: ``model.predict`` and a ``tf.function`` call;
-- with ``--test-time-mirror``, also ``serving_default`` of a second tiny run's export, made
-  with the same flags and ``--test-time-mirror true`` (each picture and its mirror through the
-  network, logits averaged): what test-time mirroring costs a served picture.
+- with ``--variants``, also ``serving_default`` of further tiny runs' exports, made with the
+  same flags and each variant's (``VARIANTS``): ``mirror`` (each picture and its mirror through
+  the network, logits averaged), ``multi-crop`` (six views: the mirror and 1-pixel shifts),
+  ``whiten`` (the frozen whitening layer in front): what each costs a served picture.
+  ``--test-time-mirror`` is ``--variants mirror``.
 
     python benchmarks/serving_bench.py --depth 20 --runs 3
-    python benchmarks/serving_bench.py --depth 20 --runs 3 --test-time-mirror
+    python benchmarks/serving_bench.py --depth 20 --runs 3 --variants mirror,multi-crop,whiten
 """
 
 import argparse
@@ -33,6 +35,12 @@ from machine import print_machine_line
 from sample_records import make_sample_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The trainer's flags of each further export (docs/training.md, "The fast trainers' levers").
+VARIANTS = {
+    "mirror": ("--test-time-mirror", "true"),
+    "multi-crop": ("--test-time-mirror", "true", "--test-time-shift", "1"),
+    "whiten": ("--whitening-patch", "2"),
+}
 
 
 def train_and_export(depth: int, work: str, data_dir: str, name: str = "job",
@@ -79,26 +87,33 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per cell")
     parser.add_argument("--batches", default="1,32,256")
+    parser.add_argument("--variants", default="",
+                        help=f"also serve exports made with these settings, comma-separated: "
+                             f"{', '.join(VARIANTS)}")
     parser.add_argument("--test-time-mirror", action="store_true",
-                        help="also serve an export made with --test-time-mirror true")
+                        help="--variants mirror")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if args.test_time_mirror and "mirror" not in variants:
+        variants.append("mirror")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     print_machine_line()
     work = tempfile.mkdtemp(prefix="c10serve.")
     data_dir = make_sample_records(work)
     job_dir, saved_model = train_and_export(args.depth, work, data_dir)
-    mirrored = None
-    if args.test_time_mirror:
-        # The same network, seed and steps; the exported graph is what differs, and its speed
-        # does not depend on the weights' values.
-        mirrored = train_and_export(args.depth, work, data_dir, "job-mirror",
-                                    ("--test-time-mirror", "true"))[1]
+    # The same network, seed and steps; the exported graph is what differs, and its speed
+    # does not depend on the weights' values.
+    further = {name: train_and_export(args.depth, work, data_dir, f"job-{name}",
+                                      VARIANTS[name])[1] for name in variants}
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     from cifar10_estimator.data import schema
 
     model = tf.saved_model.load(saved_model)
-    mirror_model = tf.saved_model.load(mirrored) if mirrored else None
+    further_models = {name: tf.saved_model.load(path) for name, path in further.items()}
     keras = keras_resnet(args.depth, tf.train.latest_checkpoint(job_dir))
     keras_fn = tf.function(lambda x: keras(x, training=False))
     session = tf.compat.v1.Session(graph=tf.Graph())
@@ -137,9 +152,10 @@ def main() -> None:
                 "Keras model.predict": lambda: keras.predict(x, batch_size=batch, verbose=0),
                 "Keras tf.function": lambda: keras_fn(x).numpy(),
             }
-            if mirror_model is not None:
-                cells["SavedModel serving_default, mirrored"] = lambda: mirror_model.signatures[
-                    "serving_default"](images=x)["probabilities"].numpy()
+            for name, other in further_models.items():
+                cells[f"SavedModel serving_default, {name}"] = (
+                    lambda other=other: other.signatures["serving_default"](
+                        images=x)["probabilities"].numpy())
             # Rotate the order every run, so no contender is always first after a batch change.
             order = list(cells.items())
             shift = run % len(order)
