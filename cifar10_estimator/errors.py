@@ -10,7 +10,7 @@ a bug and keeps its traceback.
 
 import signal
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 from cifar10_estimator.cli import error_prefix
 
@@ -60,6 +60,34 @@ def run_cli(main_fn: Callable[[], int | None], module: str) -> int:
     return code
 
 
+def close_event_files(timeout: Optional[float] = None) -> None:
+    """Closes the event files TensorFlow's summary writers keep open, before an ``os._exit``.
+
+    Estimator keeps its event files open in ``FileWriterCache`` to the end. Closing them writes
+    out their last events, and deletes the local copy tensorflow-io's S3 client keeps of each
+    open file in /tmp (_s3_filesystem_*), which os._exit would leave behind. With ``timeout``
+    (from a signal handler, which may have interrupted this thread inside a writer's lock) they
+    are closed in a thread of their own, waited for at most that long."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return
+
+    def close() -> None:
+        try:
+            tf.compat.v1.summary.FileWriterCache.clear()
+        except Exception:  # noqa: BLE001  (the exit status matters more than these files)
+            pass
+
+    if timeout is None:
+        close()
+        return
+    import threading
+
+    closer = threading.Thread(target=close, name="close_event_files", daemon=True)
+    closer.start()
+    closer.join(timeout)
+
+
 def _exit_before_teardown(code: int) -> None:
     """Ends the process now, once its output is out: tensorflow-io 0.36's S3 file system
     aborts the interpreter's teardown (SIGABRT, exit 134: tensorflow/io issue 1912), which
@@ -68,18 +96,10 @@ def _exit_before_teardown(code: int) -> None:
     import logging
     import os
 
-    tf = sys.modules.get("tensorflow")
     # After an error (status 1 or 2) the store itself may be what failed: flushing to it again
     # would add the writer thread's traceback to the one-line error.
-    if tf is not None and (code == 0 or code > 128):
-        try:
-            # Estimator keeps its event files open in this cache to the end. Closing them
-            # writes out their last events, and deletes the local copy tensorflow-io's S3
-            # client keeps of each open file in /tmp (_s3_filesystem_*), which os._exit
-            # would leave behind.
-            tf.compat.v1.summary.FileWriterCache.clear()
-        except Exception:  # noqa: BLE001  (the exit status matters more than these files)
-            pass
+    if code == 0 or code > 128:
+        close_event_files()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

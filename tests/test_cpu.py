@@ -4,6 +4,7 @@ Both kinds of machine this project runs on are covered by injecting their ``/pro
 flags; no test trains in bf16 on a CPU without native bf16 (it would be many times slower).
 """
 
+import json
 import os
 
 import pytest
@@ -119,12 +120,19 @@ def test_auto_on_an_avx2_cpu_trains_in_fp32_and_says_why(tiny_records, tmp_path,
                                                          monkeypatch):
     monkeypatch.setattr(cpu, "read_cpu_info", lambda: cpu.parse_cpuinfo(ZEN3))
     data_dir, _ = tiny_records
-    status = train.main(trainer_args(data_dir, tmp_path / "job", "--train-steps", "2",
+    job_dir = tmp_path / "job"
+    status = train.main(trainer_args(data_dir, job_dir, "--train-steps", "2",
                                      "--precision", "auto", "--eval-throttle-secs", "1"))
     err = capsys.readouterr().err
     assert status == 0
     assert "CPU: AMD EPYC 7B13 (avx2 fma; no avx512f" in err
     assert "precision auto: fp32: this CPU has no native bfloat16" in err
+    # The export records what it computes in (tests/test_precision.py): fp32 training exports
+    # an fp32 network (auto serving follows the training precision).
+    assert "serving precision auto: fp32, as the model trained" in err
+    (version,) = os.listdir(job_dir / "export")
+    info = json.loads((job_dir / "export" / version / "assets.extra" / "export.json").read_text())
+    assert info == {"checkpoint": "model.ckpt-2", "global_step": 2, "compute_dtype": "float32"}
 
 
 @pytest.mark.slow
@@ -141,16 +149,8 @@ def test_channels_first_with_onednn_switched_off_is_one_line_not_a_trace(tiny_re
     assert not os.path.exists(tmp_path / "job")
 
 
-@pytest.mark.slow
-def test_the_command_line_turns_onednn_on_when_the_user_has_not_chosen(tiny_records, tmp_path):
-    # The CLI's first lines name the CPU and oneDNN's state; unset -> on, on every x86 CPU.
-    data_dir, _ = tiny_records
-    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    proc = run_module("cifar10_estimator", *trainer_args(
-        data_dir, tmp_path / "job", "--train-steps", "1", "--eval-throttle-secs", "1"),
-        env_extra={}, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "; oneDNN on" in proc.stderr
+# The command line turns oneDNN on when the user has not chosen: checked on the trainer run
+# of tests/test_progress.py's command-line test, started with TF_ENABLE_ONEDNN_OPTS unset.
 
 
 def test_a_onednn_isa_cap_below_bf16_takes_native_bf16_away():

@@ -22,6 +22,7 @@ from cifar10_estimator.config.settings import TrainConfig
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports, frozen,
                               local_spec, one, run_cluster, task_lines, tf_config)
 from trainer_fixtures import checkpoint_step, run_trainer, trainer_args
+import test_cluster_network as network
 
 STEPS = 40
 
@@ -56,13 +57,20 @@ def _assert_evaluated_final(output: str, final_step: int) -> None:
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
-        tiny_records, tmp_path):
+        tiny_records, tmp_path, launch):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    code, output = run_cluster(["--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
-                                *trainer_args(data_dir, job_dir, *CLUSTER_RUN,
-                                              "--precision", "auto")], tmp_path / "cluster.log")
+    # A progress line 0.2 s after a task's first step: the chief trains (for the checks of its
+    # network below, tests/test_cluster_network.py's).
+    cluster = launch(["--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
+                      *trainer_args(data_dir, job_dir, *CLUSTER_RUN, "--precision", "auto",
+                                    "--progress-secs", "0.2")], tmp_path / "cluster.log")
+    cluster.wait_for(r"^\[ps0\] .*parameter server 0 serving", rf"^\[chief\] .*step \d+/{STEPS}")
+    no_namespace = network.check_private_network(cluster, ["ps0", "chief", "worker0"])
+    code = cluster.wait(240)
+    output = cluster.text()
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
+    assert "[cluster] training finished" in output
     # One precision for the whole job: the chief's choice, recorded; the others follow it.
     chosen = [found.groups() for task in ("chief", "worker0", "evaluator")
               for found in (re.match(r"[\d:]+ precision auto: (fp32|bf16)\b(.*)", line)
@@ -85,6 +93,8 @@ def test_async_cluster_with_evaluator_trains_to_the_target_and_exits_cleanly(
     assert any("chief:0 finished" in l for l in task_lines(output, "ps0"))
     assert any("(2 of 2 training tasks)" in l for l in task_lines(output, "ps0"))
     _assert_evaluated_final(output, final)
+    if no_namespace:
+        pytest.skip(f"the network checks: {no_namespace}")
 
 
 def test_the_chiefs_save_at_the_final_step_stays_the_final_checkpoint(tmp_path):
@@ -127,10 +137,13 @@ def test_sync_cluster_aggregates_one_gradient_per_worker_per_step_without_a_stal
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
-    code, output = run_cluster(["--num-workers", "2", "--num-ps", "1", "--evaluator", "--",
+    # On this host's network (tests/test_cluster_network.py's check of its first line).
+    code, output = run_cluster(["--num-workers", "2", "--num-ps", "1", "--evaluator",
+                                "--network", "host", "--",
                                 *trainer_args(data_dir, job_dir, *CLUSTER_RUN, "--sync")],
                                tmp_path / "cluster.log")
     _assert_clean_end(code, output, ["ps0", "chief", "worker0", "evaluator"], job_dir)
+    network.check_host_network_first_line(output)
 
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == STEPS  # no overshoot in sync
     chief, worker = task_lines(output, "chief"), task_lines(output, "worker0")

@@ -19,9 +19,10 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import metadata, schema, writer
-from cifar10_estimator.platform import cpu
+from cifar10_estimator.jobdir import lock as job_lock
 from conftest import md5, run_generator_cli
 from trainer_fixtures import bomb_png, checkpoint_step, run_concurrently, run_module, trainer_args
+import test_job_dir
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 
@@ -71,6 +72,7 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
             finally:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
+                killed = proc.pid
         logged = [int(s) for s in STEP.findall(log_path.read_text())]
         latest = tf.train.latest_checkpoint(job_dir)
         assert latest, "a killed run left no usable checkpoint"
@@ -79,11 +81,15 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
         assert checkpoint_step(latest) >= max(logged) - interval
         resumed.append(checkpoint_step(latest))
     assert resumed == sorted(resumed) and resumed[-1] > resumed[0]
+    # SIGKILL gave the trainer no chance to release the job dir's lock.
+    assert os.path.exists(os.path.join(job_dir, job_lock.LOCK_FILE))
 
     final = resumed[-1] + 3
     flags[flags.index("--train-steps") + 1] = str(final)
     proc = run_module("cifar10_estimator", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The lock the kill left never blocks the rerun (tests/test_job_dir.py).
+    test_job_dir.check_the_lock_left_by_a_kill(job_dir, killed, proc.stderr)
     # (This run is also what tests/test_train.py once checked after a kill at a checkpoint:
     # it resumes from the latest one, trains to the new end and evaluates there.)
     assert f"resuming from {job_dir}/model.ckpt-{resumed[-1]}" in proc.stderr
@@ -139,29 +145,9 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_records
     assert not os.path.exists(os.path.join(job_dir, "export"))
 
 
-@pytest.mark.slow
-def test_job_dir_of_another_model_is_refused_by_name(tiny_records, tmp_path, capsys):
-    data_dir, _ = tiny_records
-    job_dir = str(tmp_path / "job")
-    base = trainer_args(data_dir, job_dir, "--eval-throttle-secs", "100000")
-    assert train.main([*base, "--train-steps", "2"]) == 0
-    before = sorted(os.listdir(job_dir))
-    capsys.readouterr()
-    for flags, found in ([["--num-layers", "14"], "ResNet-8 v1, but the flags ask for ResNet-14 v1"],
-                         [["--resnet-version", "2"], "ResNet-8 v1, but the flags ask for ResNet-8 v2"],
-                         [["--model", "tutorial-cnn"],
-                          "ResNet-8 v1, but the flags ask for the tutorial CNN"]):
-        args = [*base, "--train-steps", "4", *flags]
-        if "tutorial-cnn" in flags:  # --num-layers applies to the ResNet only
-            del args[args.index("--num-layers"):args.index("--num-layers") + 2]
-        assert train.main(args) == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert found in err and "--num-layers 8 --resnet-version 1" in err
-    assert sorted(os.listdir(job_dir)) == before
-    # The layout does not change what is computed: resuming with another one is allowed
-    # (channels_first on a CPU where oneDNN is on).
-    layout = "channels_first" if cpu.onednn_enabled() else "channels_last"
-    assert train.main([*base, "--train-steps", "4", "--data-format", layout]) == 0
+# A job dir of another model is refused by name, and resuming with another layout is
+# allowed: tests/test_job_dir.py (``check_another_model_is_refused``), on the job dir its
+# settings test trains anyway.
 
 
 @pytest.mark.slow

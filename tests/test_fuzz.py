@@ -5,6 +5,9 @@ refused in one line naming the input, or skipped by a documented rule (tests/fuz
 
 Hypothesis draws the cases with ``derandomize=True``, so every run tries the same ones."""
 
+import os
+import shutil
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -17,14 +20,21 @@ KINDS = all_kinds()
 
 
 @pytest.fixture(scope="module")
-def contexts(tmp_path_factory):
-    """Each kind's context (``Kind.start``), started when first needed and stopped at the end."""
+def contexts(tmp_path_factory, tiny_export):
+    """Each kind's context (``Kind.start``), started when first needed and stopped at the end.
+
+    The kinds that read a tiny export (``fuzz.serving``'s, which train one of their own where
+    their folder has none) find a copy of the suite's (``trainer_fixtures.tiny_export``, also
+    a tiny ResNet trained 3 steps) where they look for theirs."""
     started: dict = {}
 
     def get(kind: harness.Kind):
         if kind.name not in started:
-            started[kind.name] = kind.start(str(tmp_path_factory.mktemp(kind.name))) \
-                if kind.start else None
+            folder = str(tmp_path_factory.mktemp(kind.name))
+            if getattr(kind.start, "__module__", None) == "fuzz.serving":
+                shutil.copytree(tiny_export, os.path.join(folder, "job", "export",
+                                                          os.path.basename(tiny_export)))
+            started[kind.name] = kind.start(folder) if kind.start else None
         return started[kind.name]
 
     yield get

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import signal
 import socket
 import threading
 import time
@@ -14,6 +13,7 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock, settings_record
+from cifar10_estimator.platform import cpu
 from cluster_fixtures import local_spec, tf_config
 from trainer_fixtures import (NO_BEAT, checkpoint_step, last_line, run_trainer, trainer_args,
                               wait_until, write_lock_file)
@@ -21,49 +21,36 @@ from trainer_fixtures import (NO_BEAT, checkpoint_step, last_line, run_trainer, 
 
 # --- one trainer per job dir --------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_a_second_trainer_on_a_running_job_dir_is_refused_at_once_and_writes_nothing(
-        tiny_records, tmp_path, endless_trainer):
-    data_dir, _ = tiny_records
-    job_dir = tmp_path / "job"
-    trainer = endless_trainer(data_dir, job_dir)
-    first = trainer.process
-    try:
-        before = sorted(os.listdir(job_dir))
-        started = time.monotonic()
-        second = run_trainer(*trainer_args(data_dir, job_dir, "--progress-secs", "1",
-                                           "--train-steps", "5"))
-        assert second.returncode == 2
-        line = last_line(second.stderr)
-        assert re.fullmatch(
-            rf"cifar10_estimator: error: --job-dir {re.escape(str(job_dir))} is in use by another "
-            rf"trainer \(pid {first.pid} on {re.escape(socket.gethostname())}, since "
-            rf"\d{{4}}-\d\d-\d\dT\S+\); wait for it to end, stop it, or use another --job-dir",
-            line), line
-        assert "resuming from" not in second.stderr and "Saving checkpoints" not in second.stderr
-        # Nothing written: the first trainer's own files, at most its newer checkpoints.
-        after = set(os.listdir(job_dir))
-        assert not {n for n in after - set(before) if not n.startswith("model.ckpt")}
-        assert time.monotonic() - started < 60  # at once: no wait for a living holder here
-    finally:
-        trainer.send(signal.SIGTERM)
-        assert trainer.finish(60) == 143
-    assert not (job_dir / job_lock.LOCK_FILE).exists()  # released on the way out
+# A trainer on a running job dir, and a trainer's lock left by a kill -9: the trainers these
+# checks need run in tests/test_preemption.py (the SIGTERM run: ``check_a_second_trainer``) and
+# tests/test_faults.py (the kills and their rerun), which start them anyway.
+
+def check_a_second_trainer(data_dir, job_dir, first) -> None:
+    """A second trainer on the job dir of a running one (``first``, a
+    ``trainer_fixtures.Trainer``) is refused at once and writes nothing."""
+    before = sorted(os.listdir(job_dir))
+    started = time.monotonic()
+    second = run_trainer(*trainer_args(data_dir, job_dir, "--progress-secs", "1",
+                                       "--train-steps", "5"))
+    assert second.returncode == 2
+    line = last_line(second.stderr)
+    assert re.fullmatch(
+        rf"cifar10_estimator: error: --job-dir {re.escape(str(job_dir))} is in use by another "
+        rf"trainer \(pid {first.process.pid} on {re.escape(socket.gethostname())}, since "
+        rf"\d{{4}}-\d\d-\d\dT\S+\); wait for it to end, stop it, or use another --job-dir",
+        line), line
+    assert "resuming from" not in second.stderr and "Saving checkpoints" not in second.stderr
+    # Nothing written: the first trainer's own files, at most its newer checkpoints.
+    after = set(os.listdir(job_dir))
+    assert not {n for n in after - set(before) if not n.startswith("model.ckpt")}
+    assert time.monotonic() - started < 60  # at once: no wait for a living holder here
 
 
-@pytest.mark.slow
-def test_a_lock_left_by_a_killed_trainer_never_blocks_the_rerun(tiny_records, tmp_path,
-                                                                endless_trainer):
-    data_dir, _ = tiny_records
-    job_dir = tmp_path / "job"
-    trainer = endless_trainer(data_dir, job_dir)
-    trainer.kill()  # SIGKILL: no chance to release the lock
-    assert (job_dir / job_lock.LOCK_FILE).exists()
-    rerun = run_trainer(*trainer_args(data_dir, job_dir, "--progress-secs", "1",
-                                      "--train-steps", "3"))
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert (f"took over {job_dir / job_lock.LOCK_FILE}: its holder (pid {trainer.process.pid}"
-            in rerun.stderr)
+def check_the_lock_left_by_a_kill(job_dir, killed_pid: int, rerun_stderr: str) -> None:
+    """A lock left by a trainer killed with SIGKILL (pid ``killed_pid``: no chance to release
+    it) never blocks the rerun, which took it over (its stderr ``rerun_stderr``)."""
+    lock = os.path.join(str(job_dir), job_lock.LOCK_FILE)
+    assert f"took over {lock}: its holder (pid {killed_pid}" in rerun_stderr
 
 
 # The lock's own tests run JobLock in this process. Its heartbeat thread rewrites the lock file
@@ -159,6 +146,7 @@ def test_a_rerun_or_an_evaluator_with_other_settings_is_refused_naming_each_flag
     record = json.loads((job_dir / settings_record.RECORD_FILE).read_text())["settings"]
     assert record["train_batch_size"] == 8 and record["learning_rate"] == 0.1
     assert record["dataset"] == "cifar10" and "train_steps" not in record
+    check_another_model_is_refused(data_dir, job_dir, capsys)
     before = sorted(os.listdir(job_dir))
     code, err = run("--train-steps", "4", "--learning-rate", "0.05", "--lr-boundary-epochs",
                     "10,20,30", "--momentum", "0.8")
@@ -177,9 +165,28 @@ def test_a_rerun_or_an_evaluator_with_other_settings_is_refused_naming_each_flag
     assert err.strip().splitlines()[-1].endswith(
         "(settings.json): --weight-decay 0.0002 (now 0.001); start this task with the same flags "
         "as the chief")
-    # Training longer just works; a deliberate change is recorded.
-    code, err = run("--train-steps", "4")
+    # A record written before a setting existed (tests/test_settings_record.py): the setting
+    # is read as its default, which a rerun may not change, and may keep (it is then recorded).
+    path = job_dir / settings_record.RECORD_FILE
+    body = json.loads(path.read_text())
+    del body["settings"]["test_time_mirror"]
+    path.write_text(json.dumps(body, indent=2))
+    code, err = run("--train-steps", "4", "--test-time-mirror")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        f"cifar10_estimator: error: --job-dir {job_dir} was trained with other settings "
+        f"(settings.json): --test-time-mirror false (now true); rerun with the recorded "
+        f"values, use a new --job-dir, or add --change-settings to change them on purpose")
+    assert "test_time_mirror" not in json.loads(path.read_text())["settings"]
+    # Training longer just works, in another layout too (it does not change what is computed:
+    # channels_first on a CPU where oneDNN is on; tests/test_faults.py); a deliberate change is
+    # recorded.
+    layout = "channels_first" if cpu.onednn_enabled() else "channels_last"
+    code, err = run("--train-steps", "4", "--data-format", layout)
     assert code == 0, err[-3000:]
+    assert ("settings.json was written before --test-time-mirror existed: taking its default, "
+            "false") in err
+    assert json.loads(path.read_text())["settings"]["test_time_mirror"] is False
     code, err = run("--train-steps", "6", "--learning-rate", "0.05", "--change-settings")
     assert code == 0, err[-3000:]
     assert "--change-settings: recorded the new settings" in err
@@ -188,3 +195,21 @@ def test_a_rerun_or_an_evaluator_with_other_settings_is_refused_naming_each_flag
     assert record["learning_rate"] == 0.05
     assert checkpoint_step(tf.train.latest_checkpoint(str(job_dir))) == 6
 
+
+def check_another_model_is_refused(data_dir, job_dir, capsys) -> None:
+    """A job dir of a ResNet-8 v1 (trained with ``trainer_fixtures.TINY_FLAGS``) is refused
+    by name for another network, and nothing is written (tests/test_faults.py's)."""
+    base = trainer_args(data_dir, job_dir, "--eval-throttle-secs", "100000")
+    before = sorted(os.listdir(job_dir))
+    capsys.readouterr()
+    for flags, found in ([["--num-layers", "14"], "ResNet-8 v1, but the flags ask for ResNet-14 v1"],
+                         [["--resnet-version", "2"], "ResNet-8 v1, but the flags ask for ResNet-8 v2"],
+                         [["--model", "tutorial-cnn"],
+                          "ResNet-8 v1, but the flags ask for the tutorial CNN"]):
+        args = [*base, "--train-steps", "4", *flags]
+        if "tutorial-cnn" in flags:  # --num-layers applies to the ResNet only
+            del args[args.index("--num-layers"):args.index("--num-layers") + 2]
+        assert train.main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert found in err and "--num-layers 8 --resnet-version 1" in err
+    assert sorted(os.listdir(job_dir)) == before

@@ -208,8 +208,10 @@ def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bu
     assert made.returncode == 0, made.stderr[-3000:]
     assert {"data/train.tfrecords", "data/eval.tfrecords"} <= set(_keys(s3_server, bucket))
 
+    # The default checkpoint cadence (600 s): the checkpoint the signal makes is the first
+    # after step 0, and no evaluation comes at a checkpoint before it.
     trainer = Trainer(trainer_args(data_dir, job_dir, *S3_RUN, "--train-steps", "100000",
-                                   "--save-checkpoints-steps", "5", "--progress-secs", "0.5"),
+                                   "--progress-secs", "0.5"),
                       tmp_path / "first.log", env_extra=env)
     try:
         trainer.wait_for(r"step \d+/100000", timeout=180)

@@ -15,9 +15,11 @@ import time
 import pytest
 import tensorflow as tf
 
+from cifar10_estimator.jobdir import lock as job_lock
 from cluster_fixtures import frozen, local_spec, tf_config
 from trainer_fixtures import (Trainer, checkpoint_step, run_trainer, trainer_args,
                               trainer_env)
+import test_job_dir
 
 # Every test here starts TensorFlow processes. Only the size of each run and the progress
 # cadence differ from the trainer's defaults; the checkpoint and evaluation cadences are the
@@ -35,6 +37,9 @@ def test_a_signal_mid_run_saves_the_current_step_and_exits_for_a_restart(
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     trainer = endless_trainer(data_dir, job_dir)
+    if signum == signal.SIGTERM:
+        # Meanwhile a second trainer on this job dir is refused (tests/test_job_dir.py).
+        test_job_dir.check_a_second_trainer(data_dir, job_dir, trainer)
     trainer.send(signum)
     assert trainer.finish() == status, trainer.text()[-3000:]
     text = trainer.text()
@@ -48,6 +53,7 @@ def test_a_signal_mid_run_saves_the_current_step_and_exits_for_a_restart(
     assert "evaluation at step" not in text  # no evaluation on the way out
     assert "Traceback" not in text
     if signum == signal.SIGTERM:
+        assert not os.path.exists(os.path.join(job_dir, job_lock.LOCK_FILE))  # released
         # The same command, training longer, resumes from the step the signal saved.
         rerun = Trainer(trainer_args(data_dir, job_dir, "--progress-secs", "1",
                                      "--train-steps", str(step + 3)), tmp_path / "rerun.log")
@@ -79,6 +85,42 @@ def test_a_second_signal_ends_the_process_at_once(tiny_records, tmp_path, endles
     assert trainer.finish() == -signal.SIGTERM, trainer.text()[-3000:]
     latest = tf.train.latest_checkpoint(job_dir)
     tf.train.load_checkpoint(latest).get_tensor("resnet/dense/kernel")  # still whole
+
+
+def test_a_signal_that_ends_the_process_at_once_closes_its_event_files_first(tmp_path,
+                                                                              monkeypatch):
+    # A signal outside a training step (an evaluation: Estimator evaluates at the first
+    # checkpoint after the start, whatever the throttle) ends the process from the handler
+    # with os._exit. The event files Estimator keeps open are closed first: on s3:// each
+    # open one has a local copy in /tmp that only its close removes (tensorflow-io).
+    from cifar10_estimator.errors import Stopped
+    from cifar10_estimator.training import preemption
+
+    class Exited(BaseException):
+        pass
+
+    codes = []
+
+    def exit_now(code):
+        codes.append(code)
+        raise Exited
+
+    cache = tf.compat.v1.summary.FileWriterCache
+    with tf.Graph().as_default():  # as Estimator's sessions use it
+        writer = cache.get(str(tmp_path))
+    said = []
+    task = preemption.Preemption()
+    task.before_exit(said.append)
+    monkeypatch.setattr(preemption.os, "_exit", exit_now)
+    with pytest.raises(Exited):
+        task._exit_now(Stopped(signal.SIGTERM))
+    monkeypatch.undo()
+    assert codes == [143] and [s.name for s in said] == ["SIGTERM"]
+    assert writer.event_writer._closed  # closed, and gone from the cache
+    with tf.Graph().as_default():
+        again = cache.get(str(tmp_path))
+    assert again is not writer
+    again.close()
 
 
 def test_a_parameter_server_stops_at_once_with_status_143(tmp_path):

@@ -190,12 +190,16 @@ def test_report_helpers_find_the_most_confused_pairs():
 def test_the_command_line_prints_progress_table_and_summary(tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
+    # TF_ENABLE_ONEDNN_OPTS unset, as a user's shell leaves it (tests/test_cpu.py's check).
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator",
                            *trainer_args(data_dir, job_dir, "--train-steps", "60",
                                          "--progress-secs", "0.2",
                                          "--eval-throttle-secs", "100000")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The first lines name the CPU and oneDNN's state: unset -> on, on every x86 CPU.
+    assert "; oneDNN on" in proc.stderr
     lines = proc.stderr.splitlines()
     progress = [l for l in lines if " step " in l and "/60 (" in l]
     assert progress and "images/s" in progress[-1] and "ETA" in progress[-1]

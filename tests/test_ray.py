@@ -29,51 +29,83 @@ RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 pytestmark = [pytest.mark.cluster]
 
 
-def _alive_nodes(address: str) -> int:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import ray; ray.init(address=%r, logging_level='ERROR'); "
-                               "print(sum(n['Alive'] for n in ray.nodes()))" % address],
-        capture_output=True, text=True, timeout=60, cwd=work_dir(), env=trainer_env())
-    return int(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else 0
+# Waits in one process (one connection to the cluster) until ARGV[2] nodes are alive, or
+# ARGV[3] seconds have passed; prints how many are.
+_WAIT_FOR_NODES = """
+import sys, time
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+deadline = time.monotonic() + float(sys.argv[3])
+while True:
+    alive = sum(n["Alive"] for n in ray.nodes())
+    if alive >= int(sys.argv[2]) or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
+print(alive)
+"""
+
+
+def _wait_for_port(port: int, timeout: float) -> None:
+    """Until something listens on 127.0.0.1:PORT (the head's GCS)."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(0.1)
+
+
+def _stop_node(node: subprocess.Popen, grace: float) -> None:
+    """Ends one node's ``ray start --block`` and what it started (its process group):
+    SIGTERM, then SIGKILL for what is left after ``grace`` seconds. (A head whose other nodes
+    are gone drains for 30 s after SIGTERM, with nothing left to drain.)"""
+    try:
+        os.killpg(node.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        node.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(node.pid, signal.SIGKILL)  # whatever of the group is left
+    except ProcessLookupError:
+        pass
+    node.wait(10)
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """Two Ray nodes on this host, two CPUs each: the head's address."""
+    """Two Ray nodes on this host, three CPUs each (room for two jobs at once): the head's
+    address."""
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     # A short folder of its own: Ray's socket paths must fit in 107 bytes.
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    common = ["--num-cpus", "2", "--disable-usage-stats", "--block"]
+    common = ["--num-cpus", "3", "--disable-usage-stats", "--block"]
     env = trainer_env(extra={"RAY_memory_monitor_refresh_ms": "0"})
     nodes = [subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--temp-dir", temp,
                                "--include-dashboard=false", *common],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, cwd=work_dir(), env=env)]
     try:
-        deadline = time.monotonic() + 90
-        while _alive_nodes(address) < 1:
-            assert time.monotonic() < deadline, "the Ray head did not start"
-            time.sleep(1)
+        _wait_for_port(port, 90)  # the head's GCS answers: the second node can join
         nodes.append(subprocess.Popen([RAY, "start", f"--address={address}", *common],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True, cwd=work_dir(), env=env))
-        while _alive_nodes(address) < 2:
-            assert time.monotonic() < deadline, "the second Ray node did not join"
-            time.sleep(1)
+        probe = subprocess.run([sys.executable, "-c", _WAIT_FOR_NODES, address, "2", "90"],
+                               capture_output=True, text=True, timeout=150, cwd=work_dir(),
+                               env=trainer_env())
+        alive = probe.stdout.strip().splitlines()[-1:] if probe.returncode == 0 else []
+        assert alive == ["2"], f"the two Ray nodes did not come up: {probe.stderr[-2000:]}"
         yield address
     finally:
-        for node in reversed(nodes):  # these nodes only: their process groups
-            try:
-                os.killpg(node.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for node in reversed(nodes):
-            try:
-                node.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait(10)
+        for node in reversed(nodes):  # these nodes only (their process groups), one by one
+            _stop_node(node, 10 if node is not nodes[0] else 2)
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -103,11 +135,68 @@ def _wait_for(log, pattern: str, process: subprocess.Popen, timeout: float) -> r
         time.sleep(0.2)
 
 
+RAY_TRAIN = textwrap.dedent("""
+    import json, sys
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    address, argv, storage = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    ray.init(address=address, logging_level="ERROR")
+
+    def train_loop_per_worker(config):
+        from cifar10_estimator import train
+        train.run(config["argv"])
+
+    result = TensorflowTrainer(
+        train_loop_per_worker, train_loop_config={"argv": argv},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(storage_path=storage, name="cifar10")).fit()
+    print(json.dumps({"metrics": result.metrics, "error": repr(result.error),
+                      "checkpoint": result.checkpoint and result.checkpoint.path}))
+""")
+
+
 @pytest.mark.timeout(420)
-def test_an_all_reduce_job_on_ray_loses_a_task_and_ends_in_the_bucket(
+def test_an_all_reduce_job_on_ray_loses_a_task_and_ray_trains_tensorflow_trainer_at_once(
         ray_cluster, s3_server, bucket, tiny_records, tmp_path):
-    # chief + worker (all-reduce) + evaluator as Ray actors, records and job dir in a bucket.
+    # Two jobs on the cluster at once (five of its six CPUs): the launcher's all-reduce job in
+    # a bucket, which loses a task, and Ray Train's TensorflowTrainer calling train.run.
     local_data, _ = tiny_records
+    ray_train_job = tmp_path / "job"
+    argv = trainer_args(local_data, ray_train_job, "--distribution-strategy",
+                        "multi-worker-mirrored", "--train-steps", "6", "--precise-bn-batches",
+                        "0")
+    with open(tmp_path / "ray-train.out", "w") as out, \
+            open(tmp_path / "ray-train.err", "w") as err:
+        ray_train = subprocess.Popen([sys.executable, "-c", RAY_TRAIN, ray_cluster,
+                                      json.dumps([str(a) for a in argv]),
+                                      str(tmp_path / "ray-results")],
+                                     stdout=out, stderr=err, cwd=work_dir(), env=trainer_env(),
+                                     start_new_session=True)
+    try:
+        _all_reduce_job_loses_a_task(ray_cluster, s3_server, bucket, local_data, tmp_path)
+        ray_train.wait(280)
+    finally:
+        if ray_train.poll() is None:
+            os.killpg(ray_train.pid, signal.SIGKILL)
+            ray_train.wait(60)
+    # Ray Train's run.
+    stdout, stderr = ((tmp_path / f"ray-train.{n}").read_text() for n in ("out", "err"))
+    assert ray_train.returncode == 0, (stdout + stderr)[-5000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["error"] == "None", out
+    # Worker 0 of Ray Train's workers-only TF_CONFIG was the chief: it evaluated at the end,
+    # exported and reported; its figures reached Ray Train.
+    assert out["metrics"]["exported"] == 1 and 0 <= out["metrics"]["accuracy"] <= 1
+    assert json.loads((ray_train_job / "eval_report.json").read_text())["global_step"] == 6
+    assert len(os.listdir(ray_train_job / "export")) == 1
+    # The export is the run's checkpoint in Ray Train's storage.
+    assert os.path.isfile(os.path.join(out["checkpoint"], "saved_model.pb"))
+
+
+def _all_reduce_job_loses_a_task(ray_cluster, s3_server, bucket, local_data, tmp_path):
+    # chief + worker (all-reduce) + evaluator as Ray actors, records and job dir in a bucket.
     _upload(s3_server, bucket, local_data, "data")
     data_dir, job_dir = f"s3://{bucket}/data", f"s3://{bucket}/job"
     log = tmp_path / "cluster.log"
@@ -160,51 +249,6 @@ def test_a_parameter_server_job_on_ray(ray_cluster, tiny_records, tmp_path):
     info = json.loads((tmp_path / "job" / "export" / version / "assets.extra" / "export.json"
                        ).read_text())
     assert info["global_step"] >= 10
-
-
-RAY_TRAIN = textwrap.dedent("""
-    import json, sys
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.tensorflow import TensorflowTrainer
-
-    address, argv, storage = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-    ray.init(address=address, logging_level="ERROR")
-
-    def train_loop_per_worker(config):
-        from cifar10_estimator import train
-        train.run(config["argv"])
-
-    result = TensorflowTrainer(
-        train_loop_per_worker, train_loop_config={"argv": argv},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(storage_path=storage, name="cifar10")).fit()
-    print(json.dumps({"metrics": result.metrics, "error": repr(result.error),
-                      "checkpoint": result.checkpoint and result.checkpoint.path}))
-""")
-
-
-@pytest.mark.timeout(300)
-def test_ray_trains_tensorflow_trainer_runs_train_run_to_an_export(ray_cluster, tiny_records,
-                                                                    tmp_path):
-    data_dir, _ = tiny_records
-    job_dir = tmp_path / "job"
-    argv = trainer_args(data_dir, job_dir, "--distribution-strategy", "multi-worker-mirrored",
-                        "--train-steps", "6", "--precise-bn-batches", "0")
-    done = subprocess.run([sys.executable, "-c", RAY_TRAIN, ray_cluster,
-                           json.dumps([str(a) for a in argv]), str(tmp_path / "ray-results")],
-                          capture_output=True, text=True, timeout=280, cwd=work_dir(),
-                          env=trainer_env())
-    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["error"] == "None", out
-    # Worker 0 of Ray Train's workers-only TF_CONFIG was the chief: it evaluated at the end,
-    # exported and reported; its figures reached Ray Train.
-    assert out["metrics"]["exported"] == 1 and 0 <= out["metrics"]["accuracy"] <= 1
-    assert json.loads((job_dir / "eval_report.json").read_text())["global_step"] == 6
-    assert len(os.listdir(job_dir / "export")) == 1
-    # The export is the run's checkpoint in Ray Train's storage.
-    assert os.path.isfile(os.path.join(out["checkpoint"], "saved_model.pb"))
 
 
 @pytest.mark.timeout(200)

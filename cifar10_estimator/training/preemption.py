@@ -33,10 +33,13 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.errors import Stopped
+from cifar10_estimator.errors import Stopped, close_event_files
 from cifar10_estimator.model.checkpoints import checkpoint_step
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# How long a process that ends at once for a signal waits for its event files to close (within
+# Kubernetes' default grace period of 30 s).
+_CLOSE_SECS = 10.0
 
 
 def on_main_thread() -> bool:
@@ -103,6 +106,10 @@ class Preemption:
             for callback in reversed(self._before_exit):
                 callback(stop)
         finally:
+            # A signal during an evaluation (Estimator evaluates at the first checkpoint after
+            # the start, whatever the throttle) ends the process here: its event files are
+            # closed as on any other exit for a signal (errors.run_cli).
+            close_event_files(timeout=_CLOSE_SECS)
             for handler in logging.getLogger("cifar10_estimator").handlers:
                 handler.flush()
             sys.stdout.flush()
