@@ -92,9 +92,13 @@ def _whitening_sample(s: ModelSettings):
     are computed from (``whitening.SAMPLE_PICTURES``, spread over the training file)."""
     if not s.params.whitening_patch or s.data_dir is None:
         return None
-    sample = pipeline.Cifar10DataSet(s.data_dir, "train").spread_sample(
-        whitening.SAMPLE_PICTURES)
-    return tf.autograph.experimental.do_not_convert(lambda: sample.get_single_element())
+
+    # Built when called: by the layer's initialiser, once per graph, not once per tower.
+    def sample():
+        return pipeline.Cifar10DataSet(s.data_dir, "train").spread_sample(
+            whitening.SAMPLE_PICTURES).get_single_element()
+
+    return tf.autograph.experimental.do_not_convert(sample)
 
 
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
