@@ -51,7 +51,8 @@ def run_once(repo: str, data_dir: str, work: str, args) -> tuple[float, float, i
             autotune_lines += 1
         match = FINAL_EVAL.search(line)
         if match and int(match.group(1)) >= args.train_steps:
-            stamps["final_eval"] = now
+            # The first such line: the run summary repeats it after the export.
+            stamps.setdefault("final_eval", now)
         if EXPORTED in line:
             stamps["export"] = now
     if proc.wait():

@@ -153,7 +153,8 @@ def decode_pictures(paths: Sequence[str],
             (tf.constant(readable, tf.int64),
              # As bytes: a file name need not be UTF-8 (os.fsencode undoes surrogateescape).
              tf.constant([os.fsencode(paths[i]) for i in readable], tf.string)))
-        .map(lambda i, p: (i, images.to_cifar_pixels(tf.io.read_file(p))),
+        .map(tf.autograph.experimental.do_not_convert(  # plain TensorFlow ops: nothing to convert
+            lambda i, p: (i, images.to_cifar_pixels(tf.io.read_file(p)))),
              num_parallel_calls=parallel)
         .ignore_errors()
         .batch(_BATCH).prefetch(1))

@@ -196,7 +196,8 @@ class Cifar10DataSet:
         written in class order still gives every class."""
         stride = max(1, self.num_examples() // count)
         return without_autotuning(self._records().shard(stride, 0).take(count).batch(count).map(
-            lambda serialized: tf.cast(parse_batch(serialized)[0], tf.float32)))
+            tf.autograph.experimental.do_not_convert(
+                lambda serialized: tf.cast(parse_batch(serialized)[0], tf.float32))))
 
     def _records(self) -> tf.data.Dataset:
         # Its framing walked first (a few hundredths of a second): TensorFlow's reader would
@@ -225,6 +226,9 @@ class Cifar10DataSet:
         # seed whatever order the parallel map runs in.
         base_seed = seed if seed is not None else random.SystemRandom().randrange(1 << 62)
 
+        # Not converted by autograph (here and below): the branches are on Python values,
+        # and rewriting the source costs time in every input_fn call for nothing.
+        @tf.autograph.experimental.do_not_convert
         def parse(batch, places_and_records):
             places, serialized = places_and_records
             images, labels = parse_batch(serialized)
@@ -247,6 +251,7 @@ class Cifar10DataSet:
                                     deterministic=seed is not None).prefetch(IN_FLIGHT_BATCHES))
 
     def _evaluation_batches(self, records, batch_size):
+        @tf.autograph.experimental.do_not_convert
         def parse(serialized):
             images, labels = parse_batch(serialized)
             real = tf.shape(labels)[0]

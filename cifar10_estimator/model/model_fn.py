@@ -84,9 +84,6 @@ class _Towers:
     update_ops: list = dataclasses.field(default_factory=list)
 
 
-# Under a tf.distribute strategy Estimator converts the model_fn with autograph, which would
-# try (and warn about) converting the file checks and metadata reads below: plain Python.
-@tf.autograph.experimental.do_not_convert
 def _whitening_sample(s: ModelSettings):
     """In training with ``--whitening-patch``, what gives the pictures the whitening filters
     are computed from (``whitening.SAMPLE_PICTURES``, spread over the training file)."""
@@ -98,7 +95,7 @@ def _whitening_sample(s: ModelSettings):
         return pipeline.Cifar10DataSet(s.data_dir, "train").spread_sample(
             whitening.SAMPLE_PICTURES).get_single_element()
 
-    return tf.autograph.experimental.do_not_convert(sample)
+    return sample
 
 
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
@@ -284,7 +281,12 @@ def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelS
 def make_model_fn(s: ModelSettings):
     """Returns the Estimator model_fn for these settings."""
 
-    def model_fn(features, labels, mode):
+    # Under a tf.distribute strategy Estimator converts the model_fn with autograph: a rewrite
+    # of the network's source (seconds per graph, docs/performance.md "Time to the first
+    # training step") that finds nothing to convert, as every branch here is on Python values,
+    # and would try (and warn about) converting the file checks and metadata reads.
+    @tf.autograph.experimental.do_not_convert
+    def build(features, labels, mode):
         images = features["image"] if isinstance(features, dict) else features
         built = _build_towers(images, labels, mode, s)
         with tf.compat.v1.device("" if _replicas() else towers.consolidation_device(
@@ -308,5 +310,8 @@ def make_model_fn(s: ModelSettings):
                         labels, classes, tf.concat(built.cross_entropy, axis=0), weight,
                         s.class_names))
             return _training_spec(built, labels, classes, loss, predictions, s)
+
+    def model_fn(features, labels, mode):  # the argument names Estimator checks for
+        return build(features, labels, mode)
 
     return model_fn

@@ -219,7 +219,12 @@ class ServingModule(tf.Module):
         names = list(settings.class_names)
         scope = networks.SCOPES[settings.params.model]
 
-        @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32)])
+        # autograph=False throughout: this is graph-building Python whose loops and branches
+        # are TensorFlow's own (tf.while_loop, tf.case), and autograph's rewriting of the
+        # network's source took most of an export's time (docs/performance.md, "Time to the
+        # first training step").
+        @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32)],
+                     autograph=False)
         def network(images):
             with tf.compat.v1.variable_scope(scope, custom_getter=weights):
                 logits = networks.logits(images, settings.params, is_training=False,
@@ -235,14 +240,15 @@ class ServingModule(tf.Module):
             return network(tf.cast(pixels, tf.float32))
 
         @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32,
-                                                    name="images")])
+                                                    name="images")], autograph=False)
         def by_images(images):
             # A server does not check a fed tensor's shape against the signature's, and a
             # tensor of another rank aborts the process in the convolutions (a CHECK failure in
             # TF 2.15): refuse it as a bad request.
             return network(tf.ensure_shape(images, [None, *_IMAGE_SHAPE]))
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")],
+                     autograph=False)
         def by_bytes(image_bytes):
             return from_pixels(tf.map_fn(bounded_pixels, image_bytes,
                                          fn_output_signature=tf.TensorSpec(_IMAGE_SHAPE,
@@ -252,11 +258,13 @@ class ServingModule(tf.Module):
             return schema.decode_images(
                 tf.io.parse_example(serialized, schema.FEATURE_SPEC)["image"])
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
+                     autograph=False)
         def by_examples(examples):
             return from_pixels(parse(examples))
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")],
+                     autograph=False)
         def classify(inputs):
             probabilities = from_pixels(parse(inputs))["probabilities"]
             # TF Serving's Classify API: "classes" are the labels, "scores" their scores.
