@@ -282,9 +282,9 @@ def make_model_fn(s: ModelSettings):
     """Returns the Estimator model_fn for these settings."""
 
     # Under a tf.distribute strategy Estimator converts the model_fn with autograph: a rewrite
-    # of the network's source (seconds per graph, docs/performance.md "Time to the first
-    # training step") that finds nothing to convert, as every branch here is on Python values,
-    # and would try (and warn about) converting the file checks and metadata reads.
+    # of the network's source (seconds per graph, docs/performance.md "End of training")
+    # that finds nothing to convert, as every branch here is on Python values, and would try
+    # (and warn about) converting the file checks and metadata reads.
     @tf.autograph.experimental.do_not_convert
     def build(features, labels, mode):
         images = features["image"] if isinstance(features, dict) else features

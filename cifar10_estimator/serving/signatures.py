@@ -221,8 +221,8 @@ class ServingModule(tf.Module):
 
         # autograph=False throughout: this is graph-building Python whose loops and branches
         # are TensorFlow's own (tf.while_loop, tf.case), and autograph's rewriting of the
-        # network's source took most of an export's time (docs/performance.md, "Time to the
-        # first training step").
+        # network's source took most of an export's time (docs/performance.md, "End of
+        # training").
         @tf.function(input_signature=[tf.TensorSpec([None, *_IMAGE_SHAPE], tf.float32)],
                      autograph=False)
         def network(images):
