@@ -41,11 +41,12 @@ def test_operator_style_cluster_with_default_flags_ends_right_after_the_final_ch
     cluster_tasks.start()
     # Room for a loaded machine: four TensorFlow processes on two cores, of which the evaluator
     # ends with two exports (a CI run saw one take 55 s beside the rest of the suite).
-    cluster_tasks.wait_all(timeout=330)
-    running = [t.name for t in cluster_tasks if t.process.returncode is None]
+    budget = 330
+    cluster_tasks.wait_all(timeout=budget)
+    running = [t for t in cluster_tasks if t.process.returncode is None]
     cluster_tasks.stop()
-    assert not running, "still running after 330 s: " + ", ".join(
-        f"{t.name}:\n{t.text()[-1500:]}" for t in cluster_tasks if t.name in running)
+    assert not running, f"still running after {budget} s: " + ", ".join(
+        f"{t.name}:\n{t.text()[-1500:]}" for t in running)
     for t in cluster_tasks:
         assert t.process.returncode == 0, f"{t.name}:\n{t.text()[-3000:]}"
         assert "Traceback" not in t.text(), t.text()[-3000:]
