@@ -208,11 +208,13 @@ def cluster_pids(log) -> dict[str, int]:
     return {name: int(pid) for name, pid in _STARTED.findall(log.read_text())}
 
 
-def run_cluster(args: list[str], log, timeout: float = 240) -> tuple[int, str]:
-    """Runs the launcher with ``args`` to its end, its output in the file ``log``; returns its
-    exit status and output. A launcher still running after ``timeout`` seconds (or a test
-    interrupted meanwhile, by pytest-timeout for one) is stopped with every task it started."""
-    launcher = start_cluster(args, log)
+def run_cluster(args: list[str], log, timeout: float = 240, env_extra: dict | None = None
+                ) -> tuple[int, str]:
+    """Runs the launcher with ``args`` (and ``env_extra`` in its environment) to its end, its
+    output in the file ``log``; returns its exit status and output. A launcher still running
+    after ``timeout`` seconds (or a test interrupted meanwhile, by pytest-timeout for one) is
+    stopped with every task it started."""
+    launcher = start_cluster(args, log, env_extra)
     try:
         code = launcher.wait(timeout)
     finally:

@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,8 +18,8 @@ from cifar10_estimator.config import checks, flags
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
-from cluster_fixtures import RAN, RATE, local_spec, task_lines, tf_config
-from trainer_fixtures import checkpoint_step, run_module, trainer_args, trainer_env, work_dir
+from cluster_fixtures import RAN, RATE, local_spec, run_cluster, task_lines, tf_config
+from trainer_fixtures import checkpoint_step, run_module, trainer_args
 
 ALL_REDUCE = ["--distribution-strategy", "multi-worker-mirrored"]
 
@@ -129,16 +127,15 @@ def test_an_all_reduce_cluster_trains_evaluates_exports_and_ends_on_its_own(
         tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = tmp_path / "job"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2", "--evaluator",
+    code, output = run_cluster(
+        ["--num-workers", "2", "--evaluator",
          # 5 epochs of 96 records at 2 x 8 a global step: 30 steps, for the evaluator too
          # (it counts the workers; Estimator's RunConfig gives an evaluator none).
          "--", *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-epochs", "5",
                              "--save-checkpoints-steps", "10", "--eval-throttle-secs", "1",
                              "--progress-secs", "1", "--precision", "auto")],
-        capture_output=True, text=True, timeout=220, cwd=work_dir(), env=trainer_env())
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
+        tmp_path / "cluster.log", timeout=220)
+    assert code == 0, output[-4000:]
     assert "Traceback" not in output and " E " not in output, output[-4000:]
     for task in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {task}: exit status 0" in output

@@ -26,6 +26,7 @@ import tensorflow as tf
 from cifar10_estimator import storage, train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
+from cluster_fixtures import run_cluster
 from trainer_fixtures import (Trainer, run_concurrently, run_module, trainer_args, trainer_env,
                               work_dir)
 
@@ -452,16 +453,14 @@ def test_an_all_reduce_cluster_shares_a_job_dir_in_a_bucket(s3_server, bucket, t
                                                            tmp_path):
     data_dir, _ = tiny_records
     job_dir = f"s3://{bucket}/job"
-    proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator.cluster", "--num-workers", "2", "--evaluator",
+    code, output = run_cluster(
+        ["--num-workers", "2", "--evaluator",
          "--", *trainer_args(data_dir, job_dir, "--distribution-strategy",
                              "multi-worker-mirrored", "--train-steps", "6",
                              "--save-checkpoints-steps", "3", "--eval-throttle-secs", "1",
                              "--precise-bn-batches", "0", "--progress-secs", "1")],
-        capture_output=True, text=True, timeout=280, cwd=work_dir(),
-        env=trainer_env(extra=_s3_env(s3_server)))
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
+        tmp_path / "cluster.log", timeout=280, env_extra=_s3_env(s3_server))
+    assert code == 0, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
     for task in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {task}: exit status 0" in output, output[-4000:]

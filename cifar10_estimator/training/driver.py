@@ -104,7 +104,11 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
     metrics = _train(task, preemption, estimator, train_spec, eval_spec)
     _check_lock(task)  # nothing after training either: no evaluation, report or export
     if not role.is_chief:
-        step = specs.latest_step(task)
+        # Training ended at --train-steps (the input repeats), or at once at a later step it
+        # found. The job dir may not show that step yet: the chief writes the last checkpoint
+        # after the all-reduce of the last step, which this worker has already left (a worker
+        # that took the step before for the end waited for an export never made).
+        step = max(plan.train_steps, specs.latest_step(task))
         if plan.all_reduce_trainer:
             # The chief leads the job's coordination service and exports now (and, where it
             # evaluates at the end, reports): a worker that left first would be logged as
