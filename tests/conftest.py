@@ -115,18 +115,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 # --- the order the tests run in ------------------------------------------------------------------
 
-# About how long each module takes on two cores, in seconds (``--durations``), for the order
+# About how long each module takes, in seconds of one test process's time (the per-test times
+# of a whole run with ``-n 2`` on the 2-core Xeon with AMX, summed by module), for the order
 # below; a module not listed is estimated from its tests' markers (``_MARKED_SECS``). Only the
 # order depends on these figures, never a result.
 MODULE_SECS = {
-    "test_ray": 130, "test_cluster_lifecycle": 125, "test_object_storage": 120,
-    "test_allreduce": 105, "test_distributed": 95, "test_preemption": 85, "test_faults": 70,
-    "test_fuzz": 55, "test_train": 50, "test_export_trust": 45, "test_rerun": 42,
-    "test_logs": 40, "test_levers": 35, "test_job_lock": 35, "test_progress": 35,
-    "test_job_dir": 30, "test_engines": 30, "test_demo": 29, "test_batch_norm": 25,
-    "test_serving": 25, "test_hostile_files": 25, "test_precision": 20, "test_own_data": 20,
-    "test_tutorial_cnn": 18, "test_library_entry": 17, "test_entry_points": 12,
-    "test_best_export": 8, "test_cpu": 8, "test_resnet": 6, "test_architecture": 5,
+    "test_cluster_lifecycle": 240, "test_object_storage": 164, "test_allreduce": 137,
+    "test_ray": 128, "test_faults": 119, "test_distributed": 117, "test_preemption": 113,
+    "test_train": 51, "test_export_trust": 45, "test_serving": 39, "test_progress": 39,
+    "test_rerun": 35, "test_levers": 34, "test_batch_norm": 34, "test_job_lock": 33,
+    "test_demo": 32, "test_logs": 30, "test_engines": 30, "test_precision": 30, "test_fuzz": 30,
+    "test_hostile_files": 21, "test_resnet": 19, "test_job_dir": 18, "test_library_entry": 17,
+    "test_own_data": 16, "test_best_export": 14, "test_cpu": 12, "test_tutorial_cnn": 11,
+    "test_entry_points": 9, "test_generate": 6, "test_confusion_image": 5, "test_model_fn": 5,
 }
 _MARKED_SECS = {"cluster": 60.0, "slow": 10.0}
 _UNMARKED_SECS = 0.1
@@ -139,15 +140,27 @@ def _item_secs(item) -> float:
     return _UNMARKED_SECS
 
 
+def _worksteal_shares(count: int, workers: int) -> list[int]:
+    """How many of ``count`` tests pytest-xdist's worksteal scheduler first hands to each of
+    ``workers`` test processes, in order: consecutive runs of the list, each the remaining
+    tests divided by the processes still to serve."""
+    shares = []
+    for left in range(workers, 0, -1):
+        shares.append((count - sum(shares)) // left)
+    return shares
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """Orders the tests for two test processes (``-n 2 --dist worksteal``, which gives the
-    first half of this list to one process and the second half to the other, and lets a
-    process that runs out take the end of the other's queue): the modules, each kept whole
-    and in its own order (a module's fixtures are set up once), are split into two halves of
-    about equal time, each half running its longest modules first and its short tests last,
-    where the other process can take them over. The longest modules then never start late and
-    end the run on one core."""
-    if len(items) < 2:
+    """Orders the tests for the test processes (``-n N --dist worksteal``, which hands each
+    process a consecutive run of this list and lets a process that runs out take the end of
+    another's queue): the modules, each kept whole and in its own order (a module's fixtures
+    are set up once), are dealt out longest first to the process with the least time so far;
+    each process runs its longest modules first and its short tests last, where another
+    process can take them over. The longest modules then never start late and end the run on
+    one core. Tests beyond a process's share go, shortest last, to the processes short of
+    theirs."""
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    if len(items) < 2 or workers < 2:
         return
     modules: dict[str, list] = {}
     for item in items:
@@ -157,23 +170,19 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         name = os.path.splitext(os.path.basename(path))[0]
         return MODULE_SECS.get(name) or sum(map(_item_secs, modules[path]))
 
-    halves: list[list[str]] = [[], []]
-    totals = [0.0, 0.0]
-    for path in sorted(modules, key=lambda p: (-secs(p), p)):  # longest first, to the emptier
+    groups: list[list] = [[] for _ in range(workers)]
+    totals = [0.0] * workers
+    for path in sorted(modules, key=lambda p: (-secs(p), p)):  # longest first, to the emptiest
         side = totals.index(min(totals))
-        halves[side].append(path)
+        groups[side].extend(modules[path])
         totals[side] += secs(path)
-    first = [item for path in halves[0] for item in modules[path]]
-    second = [item for path in halves[1] for item in modules[path]]
-    # pytest-xdist hands out the first len // 2 tests to one process: the last (shortest)
-    # tests of the longer list go to the end of the other, in their order.
-    target = len(items) // 2
-    if len(first) > target:
-        first, second = first[:target], second + first[target:]
-    elif len(first) < target:
-        cut = len(second) - (target - len(first))
-        first, second = first + second[cut:], second[:cut]
-    items[:] = first + second
+    shares = _worksteal_shares(len(items), workers)
+    spare = [item for group, share in zip(groups, shares) for item in group[share:]]
+    runs = [group[:share] for group, share in zip(groups, shares)]
+    for run, share in zip(runs, shares):
+        taken, spare = spare[:share - len(run)], spare[share - len(run):]
+        run.extend(taken)
+    items[:] = [item for run in runs for item in run]
 
 
 @pytest.fixture(scope="session", autouse=True)
