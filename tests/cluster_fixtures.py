@@ -14,10 +14,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Iterable
 
 from cifar10_estimator.distributed import launcher
+from cifar10_estimator.jobdir import lock as job_lock
 from trainer_fixtures import Trainer, trainer_env, wait_until, work_dir
 
 HOST = "127.0.0.1"
@@ -77,6 +79,52 @@ def frozen(target):
         yield
     finally:
         os.kill(_pid(target), signal.SIGCONT)
+
+
+# How long a trainer that holds a job dir's lock may stay frozen at a stretch: its lease runs out
+# when its last heartbeat is older than STALE_SECS less RENEWAL_MARGIN_BEATS heartbeats (40 s),
+# and that heartbeat may have come a whole HEARTBEAT_SECS before the freeze; 5 s to spare.
+HOLDER_FREEZE_SECS = (job_lock.STALE_SECS - (job_lock.RENEWAL_MARGIN_BEATS + 1)
+                      * job_lock.HEARTBEAT_SECS - 5)
+
+
+def _beat(job_dir) -> int | None:
+    """The heartbeat counter of the lease in ``job_dir`` (None while it cannot be read)."""
+    try:
+        with open(os.path.join(job_dir, job_lock.LOCK_FILE)) as f:
+            return json.load(f)["beat"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+@contextlib.contextmanager
+def frozen_holder(target, job_dir):
+    """``frozen`` for the trainer that holds ``job_dir``'s lock, however long the block takes
+    (a worker's start on a loaded machine): every ``HOLDER_FREEZE_SECS`` it lets the trainer
+    go on until its heartbeat has renewed its lease, then stops it again. Frozen longer, it
+    would rightly give the job dir up (``jobdir.lock``)."""
+    pid = _pid(target)
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(HOLDER_FREEZE_SECS):
+            beat = _beat(job_dir)
+            os.kill(pid, signal.SIGCONT)
+            deadline = time.monotonic() + job_lock.HEARTBEAT_SECS
+            while _beat(job_dir) == beat and time.monotonic() < deadline and not done.is_set():
+                time.sleep(0.01)
+            if not done.is_set():
+                os.kill(pid, signal.SIGSTOP)
+
+    os.kill(pid, signal.SIGSTOP)
+    thread = threading.Thread(target=renew, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        os.kill(pid, signal.SIGCONT)
 
 
 def wait_stopped(pid: int, timeout: float = 10) -> None:

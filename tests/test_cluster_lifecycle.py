@@ -18,7 +18,7 @@ from cifar10_estimator import train
 from cifar10_estimator.data import schema
 from cifar10_estimator.distributed import evaluator
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, SAVED, exports, frozen,
+from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, SAVED, exports, frozen, frozen_holder,
                               operator_tf_configs)
 from trainer_fixtures import checkpoint_step, trainer_args
 
@@ -198,7 +198,7 @@ def test_a_chief_and_a_worker_killed_and_restarted_resume_and_the_evaluator_sees
     # The restarted worker must rejoin before the job ends: the chief (which would go on
     # alone) is frozen until the worker trains again (its progress line, a second after
     # its first step), then goes on. Only the worker's own steps count meanwhile.
-    with frozen(chief.process):
+    with frozen_holder(chief.process, job_dir):
         cluster_tasks.wait_for(lambda: re.search(rf"step \d+/{steps} \(", worker.last_run()),
                                "training by the restarted worker")
     cluster_tasks.wait_all(timeout=240)

@@ -19,8 +19,8 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.config import plan
 from cifar10_estimator.distributed import launcher
 from cifar10_estimator.config.settings import TrainConfig
-from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports, frozen,
-                              local_spec, one, run_cluster, task_lines, tf_config)
+from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports,
+                              frozen_holder, local_spec, one, run_cluster, task_lines, tf_config)
 from trainer_fixtures import checkpoint_step, run_trainer, trainer_args
 import test_cluster_network as network
 
@@ -198,7 +198,7 @@ def test_killing_the_worker_in_async_mode_lets_the_chief_finish(tiny_records, tm
     # before the kill, however late the worker starts.
     training = re.escape("images/s, ETA")
     chief.wait_for(training, timeout=120)
-    with frozen(chief.process):
+    with frozen_holder(chief.process, job_dir):
         worker.wait_for(training, timeout=120)
     assert chief.poll() is None, "the chief finished before the kill"
     worker.kill()

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.jobdir import lock as job_lock
-from cluster_fixtures import frozen, local_spec, tf_config
+from cluster_fixtures import frozen, frozen_holder, local_spec, tf_config
 from trainer_fixtures import (Trainer, checkpoint_step, run_trainer, trainer_args,
                               trainer_env)
 import test_job_dir
@@ -152,7 +152,7 @@ def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes
     cluster.wait_for(r"\[cluster\] started evaluator \(pid \d+\)", r"\[chief\] .*step \d+/150",
                      timeout=180)
     pids = cluster.pids()
-    with frozen(pids["chief"]):
+    with frozen_holder(pids["chief"], job_dir):
         cluster.wait_for(r"\[worker0\] .*step \d+/150", r"\[evaluator\] .*role: evaluator",
                          timeout=180)
         for name in ("chief", "worker0", "evaluator"):
