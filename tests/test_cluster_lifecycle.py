@@ -231,7 +231,15 @@ def test_a_parameter_server_that_never_comes_back_ends_every_trainer_with_one_li
     flags = trainer_args(data_dir, job_dir, *CLUSTER_FLAGS, "--train-steps", "100000",
                          "--save-checkpoints-steps", "50", "--cluster-timeout-secs", "5")
     ps, chief, worker = _cluster(cluster_tasks, flags, with_evaluator=False)
-    _start_until_a_second_checkpoint(cluster_tasks, chief)
+    # The worker waits --cluster-timeout-secs (5 s here) for the chief's first checkpoint,
+    # which a loaded machine can take longer to write: it starts once the chief has saved
+    # one, and the parameter server is killed once both train.
+    ps.start()
+    chief.start()
+    cluster_tasks.wait_for(lambda: SAVED.search(chief.text()), "the chief's first checkpoint")
+    worker.start()
+    cluster_tasks.wait_for(lambda: re.search(r"step \d+/100000 \(", worker.text()),
+                           "training by the worker")
     ps.kill()
     cluster_tasks.wait_all(timeout=90, tasks=[chief, worker])
     cluster_tasks.stop()
