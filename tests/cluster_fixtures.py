@@ -90,11 +90,8 @@ HOLDER_FREEZE_SECS = (job_lock.STALE_SECS - (job_lock.RENEWAL_MARGIN_BEATS + 1)
 
 def _beat(job_dir) -> int | None:
     """The heartbeat counter of the lease in ``job_dir`` (None while it cannot be read)."""
-    try:
-        with open(os.path.join(job_dir, job_lock.LOCK_FILE)) as f:
-            return json.load(f)["beat"]
-    except (OSError, ValueError, KeyError):
-        return None
+    holder = job_lock._read_or_none(os.path.join(job_dir, job_lock.LOCK_FILE))
+    return holder and holder.beat
 
 
 @contextlib.contextmanager

@@ -18,9 +18,9 @@ from cifar10_estimator import train
 from cifar10_estimator.data import schema
 from cifar10_estimator.distributed import evaluator
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, SAVED, exports, frozen, frozen_holder,
-                              operator_tf_configs)
-from trainer_fixtures import checkpoint_step, trainer_args
+from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, SAVED, exports, frozen,
+                              frozen_holder, operator_tf_configs)
+from trainer_fixtures import TRAINING, checkpoint_step, trainer_args
 
 
 @pytest.mark.slow
@@ -236,10 +236,9 @@ def test_a_parameter_server_that_never_comes_back_ends_every_trainer_with_one_li
     # one, and the parameter server is killed once both train.
     ps.start()
     chief.start()
-    cluster_tasks.wait_for(lambda: SAVED.search(chief.text()), "the chief's first checkpoint")
+    chief.wait_for(SAVED.pattern)
     worker.start()
-    cluster_tasks.wait_for(lambda: re.search(r"step \d+/100000 \(", worker.text()),
-                           "training by the worker")
+    worker.wait_for(TRAINING)
     ps.kill()
     cluster_tasks.wait_all(timeout=90, tasks=[chief, worker])
     cluster_tasks.stop()
