@@ -22,6 +22,7 @@ import tensorflow as tf
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import resnet
 from cifar10_estimator.model.checkpoints import checkpoint_step  # noqa: F401  (for the tests)
+import warm_start
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ResNet-8, batch 8: the smallest network with every kind of block (stride and channel
@@ -134,17 +135,41 @@ def tiny_export(tiny_records, tmp_path_factory) -> str:
 
 
 def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: int = 300,
-               env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+               env: dict | None = None, cwd=None, cold: bool = False
+               ) -> subprocess.CompletedProcess:
     """Runs ``python -m module args`` in a fresh process; returns the completed process.
 
     The process gets ``env`` (default: this one's environment) plus ``env_extra``, and runs in
-    ``cwd`` (default: the session's temporary work folder).
+    ``cwd`` (default: the session's temporary work folder). A trainer is warm-started where it
+    can be (``warm_start``) unless ``cold``.
     """
     base = os.environ if env is None else env
     env = {k: v for k, v in base.items() if k != "TF_CONFIG"}  # never a stray cluster
     env.update(env_extra or {})
+    cwd = cwd or work_dir()
+    if not cold and warm_start.can_start_warm(module, list(args), env, work_dir(),
+                                              trainer_env()):
+        return _run_warm(list(args), env, cwd, timeout)
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd or work_dir(), env=env)
+                          text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def _run_warm(args: list, env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
+    """``run_module`` of the trainer, warm-started (``warm_start``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=work_dir()) as streams:
+        out, err = os.path.join(streams, "stdout"), os.path.join(streams, "stderr")
+        process = warm_start.start(args, env, cwd, out, err, base_env=trainer_env())
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        with open(out, errors="replace") as o, open(err, errors="replace") as e:
+            return subprocess.CompletedProcess([sys.executable, "-m", warm_start.TRAINER, *args],
+                                               process.returncode, o.read(), e.read())
 
 
 def checkpoint_of(num_layers: int, folder, name: str = "model.ckpt") -> str:
@@ -223,12 +248,14 @@ def wait_until(condition, what: str, timeout: float = 30, interval: float = 0.01
 class Trainer:
     """``python -m cifar10_estimator ARGS`` in the background, its output in the file ``log``,
     running in ``cwd`` (default: the session's work folder); ``tf_config`` makes it a
-    cluster's task. Started at once unless ``start`` is false (then ``start()``)."""
+    cluster's task. Started at once unless ``start`` is false (then ``start()``); warm-started
+    where it can be (``warm_start``) unless ``cold``."""
 
     def __init__(self, args: list[str], log, tf_config: str | None = None,
-                 env_extra: dict | None = None, cwd=None, start: bool = True):
+                 env_extra: dict | None = None, cwd=None, start: bool = True,
+                 cold: bool = False):
         self.args, self.log, self.tf_config, self.env_extra = list(args), log, tf_config, env_extra
-        self.cwd = cwd
+        self.cwd, self.cold = cwd, cold
         self.process: subprocess.Popen | None = None
         if start:
             self.start()
@@ -237,11 +264,17 @@ class Trainer:
         return open(self.log, "w")
 
     def start(self) -> None:
+        env, cwd = trainer_env(self.tf_config, self.env_extra), self.cwd or work_dir()
         with self._open_log() as out:
+            if not self.cold and warm_start.can_start_warm(warm_start.TRAINER, self.args, env,
+                                                           work_dir(), trainer_env()):
+                out.flush()
+                self.process = warm_start.start(self.args, env, cwd, self.log, append=True,
+                                                base_env=trainer_env())
+                return
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cifar10_estimator", *self.args], stdout=out,
-                stderr=subprocess.STDOUT, cwd=self.cwd or work_dir(),
-                env=trainer_env(self.tf_config, self.env_extra))
+                stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
     def text(self) -> str:
         return self.log.read_text()

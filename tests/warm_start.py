@@ -1,0 +1,319 @@
+"""Warm starts of the trainer for the tests: ``python -m cifar10_estimator`` forked from a
+process that has already loaded TensorFlow, instead of started from nothing.
+
+Loading TensorFlow (with Estimator, Keras and the package's trainer modules) costs a process 3
+to 4 CPU-seconds on the 2 cores of the machines the suite runs on, about half of what one of
+the tests' tiny runs costs in all; the suite starts well over a hundred trainers
+(docs/performance.md, "The test suite"). A warm start pays that once per test process.
+
+What a warm-started trainer is: a real process of its own (its pid, its exit status, real
+signals, killed as any process is), forked from this module's server, which set the process up
+as the trainer's ``main`` does before TensorFlow loads (``prepare_process``, then
+``logs.import_tensorflow_quietly``) and loaded the trainer's modules. The child then becomes the
+command: its environment, current folder, standard streams (unbuffered, as with
+``PYTHONUNBUFFERED``), ``sys.argv`` and ``sys.path[0]`` as ``python -m`` gives them, default
+signal handlers, a fresh NumPy seed, and ``runpy`` runs ``cifar10_estimator`` as ``__main__``;
+it ends as the interpreter ends (non-daemon threads joined, ``atexit`` handlers run). Two things
+show the fork: its parent is the server, and ``/proc/PID/environ`` (the environment a process
+was started with) is the server's; ``os.environ`` and the C library's are the command's.
+
+What it cannot be, and so is never used for: a process whose TensorFlow would load with other
+settings (any ``TF_``, oneDNN, OpenMP, CUDA or ``PYTHON`` variable other than this server's
+after ``prepare_process``, ``TF_CONFIG`` aside, which TensorFlow reads later) or whose command
+shows TensorFlow's load-time log (``--verbose``); a command other than the trainer; a command
+line the trainer's flag parser refuses (or ``--help``). ``Trainer`` and ``run_module`` start those cold, as before; so do the
+tests of what happens before TensorFlow loads (tests/test_logs.py, tests/test_cpu.py, the
+console scripts of tests/test_entry_points.py) and every process the package itself starts
+(the cluster launcher's tasks, Ray's). ``CIFAR10_TESTS_COLD=1`` in the suite's environment
+starts every process cold, as a check that a test does not depend on the difference.
+"""
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TRAINER = "cifar10_estimator"
+# Environment variables read when TensorFlow or the interpreter loads (TF_CONFIG is read
+# later, by the package and Estimator): a process that differs in one of them starts cold.
+_LOAD_TIME_PREFIXES = ("TF_", "ONEDNN_", "DNNL_", "MKL", "KMP_", "OMP_", "CUDA", "XLA_",
+                       "PYTHON")
+_RUN_TIME = {"TF_CONFIG", "PYTHONUNBUFFERED"}
+
+
+def _load_time(env) -> dict:
+    return {k: v for k, v in env.items()
+            if k.startswith(_LOAD_TIME_PREFIXES) and k not in _RUN_TIME}
+
+
+def _prepared(env) -> dict:
+    """``env`` as the trainer's ``prepare_process`` leaves it before TensorFlow loads."""
+    from cifar10_estimator.platform.process import prepare_process
+
+    env = dict(env)
+    prepare_process(env)
+    return env
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+def _serve() -> None:
+    """Loads what the trainer loads, then forks a trainer per request line on stdin (JSON:
+    id, argv, env, cwd, stdout, stderr) and answers on stdout: {"id", "pid"} once started,
+    {"pid", "status"} (``Popen.returncode``'s convention) once ended. Ends when stdin does."""
+    from cifar10_estimator import logs
+    from cifar10_estimator.platform.process import prepare_process
+
+    prepare_process(os.environ)
+    logs.import_tensorflow_quietly()
+    import tensorflow as tf
+
+    tf.estimator.Estimator  # noqa: B018  (Estimator loads lazily)
+    import matplotlib.backends.backend_agg  # noqa: F401  (the evaluations' confusion images)
+    import matplotlib.figure  # noqa: F401
+
+    from cifar10_estimator import train  # noqa: F401
+    from cifar10_estimator.training import driver, summary  # noqa: F401
+
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    answer(answers, {"ready": _load_time(os.environ)})
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    selector.register(requests, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    buffered = b""
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj == wake_r:
+                os.read(wake_r, 4096)
+                _reap(answers)
+                continue
+            chunk = os.read(requests.fileno(), 65536)
+            if not chunk:
+                return
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    _become(request, wake_r, wake_w)  # never returns
+                answer(answers, {"id": request["id"], "pid": pid})
+        _reap(answers)
+
+
+def answer(stream, message: dict) -> None:
+    stream.write(json.dumps(message).encode() + b"\n")
+    stream.flush()
+
+
+def _reap(answers) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        answer(answers, {"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+def _become(request: dict, *server_fds: int) -> None:
+    """In the forked child: becomes ``python -m cifar10_estimator ARGV`` and ends with its
+    status."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                          else signal.SIG_DFL)
+        for fd in server_fds:
+            os.close(fd)
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT
+                      | (os.O_APPEND if request["append"] else os.O_TRUNC), 0o644)
+        err = out if request["stderr"] is None else os.open(
+            request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        for fd, target in ((null, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+        for fd in {null, out, err}:
+            os.close(fd)
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            stream = io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False),
+                                      write_through=True,
+                                      errors="backslashreplace" if fd == 2 else "strict")
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        import numpy as np
+
+        np.random.seed()  # a fresh process's NumPy draws differ from its siblings'
+        sys.argv = [os.path.join(os.path.dirname(__import__(TRAINER).__file__), "__main__.py"),
+                    *request["argv"]]
+        sys.path[0] = os.getcwd()
+        import runpy
+
+        try:
+            runpy.run_module(TRAINER, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # as the interpreter's end: non-daemon threads first
+        import atexit
+
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+# --- the tests' side ------------------------------------------------------------------------------
+
+class WarmProcess:
+    """A warm-started trainer, with the part of ``subprocess.Popen`` the tests use: ``pid``,
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``."""
+
+    def __init__(self, server: "_Server", pid: int, args: list):
+        self._server, self.pid, self.args = server, pid, args
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self._server.status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._server.wait_change(0.05 if deadline is None
+                                     else max(0.0, min(0.05, deadline - time.monotonic())))
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Server:
+    """This test process's fork server (started on first use, ended with the process)."""
+
+    def __init__(self, cwd: str, env: dict):
+        self._log = open(os.path.join(cwd, f"warm-start-{os.getpid()}.log"), "w")
+        self._process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, cwd=cwd, env=env)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._pids: dict[int, int] = {}  # request id -> pid
+        self._statuses: dict[int, int] = {}
+        self._next = 0
+        ready = json.loads(self._process.stdout.readline() or b"null")
+        assert ready, f"the warm-start server did not start: see {self._log.name}"
+        self.load_time = ready["ready"]
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            message = json.loads(line)
+            with self._changed:
+                if "status" in message:
+                    self._statuses[message["pid"]] = message["status"]
+                else:
+                    self._pids[message["id"]] = message["pid"]
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def start(self, argv: list, env: dict, cwd, stdout, stderr=None, append=False
+              ) -> WarmProcess:
+        with self._lock:
+            self._next += 1
+            ident = self._next
+            self._process.stdin.write(json.dumps({
+                "id": ident, "argv": [str(a) for a in argv], "env": env, "cwd": str(cwd),
+                "stdout": str(stdout), "stderr": None if stderr is None else str(stderr),
+                "append": append}).encode() + b"\n")
+            self._process.stdin.flush()
+        with self._changed:
+            assert self._changed.wait_for(lambda: ident in self._pids or not self.alive(), 60)
+            return WarmProcess(self, self._pids.pop(ident), argv)
+
+    def status(self, pid: int):
+        with self._changed:
+            return self._statuses.get(pid)
+
+    def wait_change(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait(timeout)
+
+
+_SERVER: list = []
+
+
+def _server(cwd: str, env: dict) -> "_Server":
+    if not _SERVER or not _SERVER[0].alive():
+        _SERVER[:] = [_Server(cwd, env)]
+    return _SERVER[0]
+
+
+def can_start_warm(module: str, argv: list, env: dict, cwd: str, base_env: dict) -> bool:
+    """Whether ``python -m module argv`` with ``env`` may be warm-started (the module's
+    docstring says when not)."""
+    if module != TRAINER or os.environ.get("CIFAR10_TESTS_COLD"):
+        return False
+    from cifar10_estimator.config import flags
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            _, verbose = flags.parse([str(a) for a in argv], {})
+    except BaseException:  # refused (argparse exits), --help, --version: started cold
+        return False
+    if verbose:
+        return False
+    return _load_time(_prepared(env)) == _server(cwd, base_env).load_time
+
+
+def start(argv: list, env: dict, cwd, stdout, stderr=None, append: bool = False,
+          base_env: dict | None = None) -> WarmProcess:
+    """Warm-starts ``python -m cifar10_estimator argv`` (check ``can_start_warm`` first): its
+    stdout into the file ``stdout``, its stderr into ``stderr`` (None: the same file)."""
+    return _server(str(cwd), base_env or env).start(argv, env, cwd, stdout, stderr, append)
+
+
+if __name__ == "__main__":
+    _serve()
