@@ -20,7 +20,7 @@ import pytest
 from cifar10_estimator.distributed import launcher
 from cifar10_estimator.errors import UserError
 from cluster_fixtures import frozen
-from trainer_fixtures import REPO, run_module, trainer_args
+from trainer_fixtures import REPO, run_module, trainer_args, wait_until
 
 # TCP state LISTEN in /proc/net/tcp and tcp6: include/net/tcp_states.h.
 TCP_LISTEN = "0A"
@@ -67,6 +67,13 @@ def check_private_network(cluster, listening: list[str]) -> str | None:
     returns the launcher's line that says so, for the caller to skip with once its own checks
     have run."""
     pids = cluster.pids()
+    if "this system refused a private network namespace" not in cluster.text():
+        # A worker's server starts when its Estimator does, which in an asynchronous cluster
+        # can be after the chief's first step; the parameter server lives until every
+        # trainer has reported, so its namespace is there to look in.
+        ports = _task_ports(cluster.text())
+        wait_until(lambda: set(ports) <= _listening_ports(f"/proc/{pids['ps0']}/net"),
+                   "every task's server listening", timeout=120, interval=0.2)
     # Frozen, the chief cannot finish during the checks.
     with frozen(pids["chief"]):
         text = cluster.text()
