@@ -18,6 +18,9 @@ from cifar10_estimator.platform.process import prepare_process
 from cifar10_estimator.serving.trust import TRUST_FLAG, TRUST_HELP
 
 MODULE = "cifar10_estimator.evaluate"
+# TensorFlow's C++ log while this command runs: none (its output is the report; errors reach the user as
+# one-line errors).
+CPP_LOG_LEVEL = "3"
 
 
 def _parser() -> cli.Parser:
@@ -55,7 +58,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be 1 or more, got {args.batch_size}")
-    prepare_process(os.environ, cpp_log_level="3")  # before TensorFlow loads
+    prepare_process(os.environ, cpp_log_level=CPP_LOG_LEVEL)  # before TensorFlow loads
     logs.import_tensorflow_quietly()
     import tensorflow as tf
 

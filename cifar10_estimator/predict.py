@@ -16,6 +16,9 @@ from cifar10_estimator.platform.process import prepare_process
 from cifar10_estimator.serving.trust import TRUST_FLAG, TRUST_HELP
 
 MODULE = "cifar10_estimator.predict"
+# TensorFlow's C++ log while this command runs: none (its output is the answer; errors reach the user as
+# one-line errors).
+CPP_LOG_LEVEL = "3"
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
@@ -38,7 +41,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     args = parser.parse_args(argv)
     if args.top < 1:
         raise UserError(f"--top must be 1 or more, got {args.top}")
-    prepare_process(os.environ, cpp_log_level="3")  # before TensorFlow loads
+    prepare_process(os.environ, cpp_log_level=CPP_LOG_LEVEL)  # before TensorFlow loads
     logs.import_tensorflow_quietly()
     from cifar10_estimator.serving import client
 

@@ -224,6 +224,23 @@ def temp_folder(tmp_path_factory):
         yield folder
 
 
+@pytest.fixture(scope="session")
+def suite_environ(work_folder, precision_cache_home, temp_folder) -> dict:
+    """The suite's environment, once the session's own variables are set."""
+    return dict(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def environ_as_the_suite_has_it(suite_environ):
+    """Each test ends with the suite's environment back: a command's ``main`` run in this
+    process (the generator's, predict's) sets TensorFlow's variables for its process, as
+    a command may, and the next test's processes would inherit them."""
+    yield
+    if os.environ != suite_environ:
+        os.environ.clear()
+        os.environ.update(suite_environ)
+
+
 # --- trainers and clusters the tests start -------------------------------------------------------
 
 @pytest.fixture

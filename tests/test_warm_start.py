@@ -14,11 +14,10 @@ from trainer_fixtures import ENDLESS, TRAINING, Trainer, run_module, trainer_arg
 
 
 def _warm(argv, env_extra=None, module=warm_start.TRAINER) -> bool:
-    return warm_start.can_start_warm(module, argv, trainer_env(extra=env_extra), work_dir(),
-                                     trainer_env())
+    return warm_start.can_start_warm(module, argv, trainer_env(extra=env_extra), work_dir())
 
 
-def test_only_a_trainer_whose_tensorflow_would_load_the_same_starts_warm(tmp_path):
+def test_only_a_command_whose_tensorflow_would_load_the_same_starts_warm(tmp_path):
     args = trainer_args(tmp_path, tmp_path / "job")
     assert _warm(args)
     assert _warm(args, {"TF_CONFIG": '{"cluster": {}}'})  # read after TensorFlow loads
@@ -27,7 +26,10 @@ def test_only_a_trainer_whose_tensorflow_would_load_the_same_starts_warm(tmp_pat
     assert not _warm(args, {"TF_CPP_MIN_LOG_LEVEL": "0"})
     assert not _warm(args + ["--no-such-flag"])  # refused: the command line's own test
     assert not _warm(["--help"])
-    assert not _warm(args, module="cifar10_estimator.predict")
+    predict = ["--saved-model", str(tmp_path), "picture.png"]
+    assert _warm(predict, module="cifar10_estimator.predict")
+    assert not _warm(predict, {"TF_CPP_MIN_LOG_LEVEL": "2"}, module="cifar10_estimator.predict")
+    assert not _warm(["--sample"], module="cifar10_estimator.generate")  # not a warm command
 
 
 def test_a_refused_run_ends_warm_as_it_ends_cold(tmp_path):

@@ -147,20 +147,20 @@ def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: 
     env = {k: v for k, v in base.items() if k != "TF_CONFIG"}  # never a stray cluster
     env.update(env_extra or {})
     cwd = cwd or work_dir()
-    if not cold and warm_start.can_start_warm(module, list(args), env, work_dir(),
-                                              trainer_env()):
-        return _run_warm(list(args), env, cwd, timeout)
+    if not cold and warm_start.can_start_warm(module, list(args), env, work_dir()):
+        return _run_warm(module, list(args), env, cwd, timeout)
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd, env=env)
 
 
-def _run_warm(args: list, env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
-    """``run_module`` of the trainer, warm-started (``warm_start``)."""
+def _run_warm(module: str, args: list, env: dict, cwd, timeout: float
+              ) -> subprocess.CompletedProcess:
+    """``run_module``, warm-started (``warm_start``)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(dir=work_dir()) as streams:
         out, err = os.path.join(streams, "stdout"), os.path.join(streams, "stderr")
-        process = warm_start.start(args, env, cwd, out, err, base_env=trainer_env())
+        process = warm_start.start(module, args, env, cwd, out, err)
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -168,7 +168,7 @@ def _run_warm(args: list, env: dict, cwd, timeout: float) -> subprocess.Complete
             process.wait()
             raise
         with open(out, errors="replace") as o, open(err, errors="replace") as e:
-            return subprocess.CompletedProcess([sys.executable, "-m", warm_start.TRAINER, *args],
+            return subprocess.CompletedProcess([sys.executable, "-m", module, *args],
                                                process.returncode, o.read(), e.read())
 
 
@@ -267,10 +267,10 @@ class Trainer:
         env, cwd = trainer_env(self.tf_config, self.env_extra), self.cwd or work_dir()
         with self._open_log() as out:
             if not self.cold and warm_start.can_start_warm(warm_start.TRAINER, self.args, env,
-                                                           work_dir(), trainer_env()):
+                                                           work_dir()):
                 out.flush()
-                self.process = warm_start.start(self.args, env, cwd, self.log, append=True,
-                                                base_env=trainer_env())
+                self.process = warm_start.start(warm_start.TRAINER, self.args, env, cwd,
+                                                self.log, append=True)
                 return
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cifar10_estimator", *self.args], stdout=out,

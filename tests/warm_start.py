@@ -1,31 +1,33 @@
-"""Warm starts of the trainer for the tests: ``python -m cifar10_estimator`` forked from a
-process that has already loaded TensorFlow, instead of started from nothing.
+"""Warm starts for the tests: ``python -m cifar10_estimator`` (and ``.predict``, ``.evaluate``)
+forked from a process that has already loaded TensorFlow, instead of started from nothing.
 
-Loading TensorFlow (with Estimator, Keras and the package's trainer modules) costs a process 3
-to 4 CPU-seconds on the 2 cores of the machines the suite runs on, about half of what one of
-the tests' tiny runs costs in all; the suite starts well over a hundred trainers
-(docs/performance.md, "The test suite"). A warm start pays that once per test process.
+Loading TensorFlow (with Estimator, Keras and the command's modules) costs a process 3 to 4
+CPU-seconds on the 2 cores of the machines the suite runs on, about half of what one of the
+tests' tiny runs costs in all, and the suite starts well over a hundred such processes
+(docs/performance.md, "The test suite"). A warm start pays that once per command and test
+process.
 
-What a warm-started trainer is: a real process of its own (its pid, its exit status, real
-signals, killed as any process is), forked from this module's server, which set the process up
-as the trainer's ``main`` does before TensorFlow loads (``prepare_process``, then
-``logs.import_tensorflow_quietly``) and loaded the trainer's modules. The child then becomes the
-command: its environment, current folder, standard streams (unbuffered, as with
-``PYTHONUNBUFFERED``), ``sys.argv`` and ``sys.path[0]`` as ``python -m`` gives them, default
-signal handlers, a fresh NumPy seed, and ``runpy`` runs ``cifar10_estimator`` as ``__main__``;
-it ends as the interpreter ends (non-daemon threads joined, ``atexit`` handlers run). Two things
-show the fork: its parent is the server, and ``/proc/PID/environ`` (the environment a process
-was started with) is the server's; ``os.environ`` and the C library's are the command's.
+What a warm-started command is: a real process of its own (its pid, its exit status, real
+signals, killed as any process is), forked from the command's server here, which set itself up
+as the command's ``main`` does before TensorFlow loads (``prepare_process`` with the command's
+``CPP_LOG_LEVEL``, then ``logs.import_tensorflow_quietly``) and loaded the command's modules.
+The child then becomes the command: its environment, current folder, standard streams
+(unbuffered, as with ``PYTHONUNBUFFERED``), ``sys.argv`` and ``sys.path[0]`` as ``python -m``
+gives them, default signal handlers, a fresh NumPy seed, and ``runpy`` runs the module as
+``__main__``; it ends as the interpreter ends (non-daemon threads joined, ``atexit`` handlers
+run). Two things show the fork: its parent is the server, and ``/proc/PID/environ`` (the
+environment a process was started with) is the server's; ``os.environ`` and the C library's are
+the command's.
 
 What it cannot be, and so is never used for: a process whose TensorFlow would load with other
-settings (any ``TF_``, oneDNN, OpenMP, CUDA or ``PYTHON`` variable other than this server's
-after ``prepare_process``, ``TF_CONFIG`` aside, which TensorFlow reads later) or whose command
-shows TensorFlow's load-time log (``--verbose``); a command other than the trainer; a command
-line the trainer's flag parser refuses (or ``--help``). ``Trainer`` and ``run_module`` start those cold, as before; so do the
-tests of what happens before TensorFlow loads (tests/test_logs.py, tests/test_cpu.py, the
-console scripts of tests/test_entry_points.py) and every process the package itself starts
-(the cluster launcher's tasks, Ray's). ``CIFAR10_TESTS_COLD=1`` in the suite's environment
-starts every process cold, as a check that a test does not depend on the difference.
+settings (any ``TF_``, oneDNN, OpenMP, CUDA or ``PYTHON`` variable other than the server's
+after ``prepare_process``, ``TF_CONFIG`` aside, which TensorFlow reads later), a trainer that
+shows TensorFlow's load-time log (``--verbose``) or whose command line its flag parser refuses
+(or ``--help``), any other command. ``Trainer`` and ``run_module`` start those cold; so do the
+tests of what happens while TensorFlow loads (tests/test_logs.py), the console scripts
+(tests/test_entry_points.py) and every process the package itself starts (the cluster
+launcher's tasks, Ray's). ``CIFAR10_TESTS_COLD=1`` in the suite's environment starts every
+process cold, as a check that no test depends on the difference.
 """
 
 import contextlib
@@ -39,11 +41,24 @@ import threading
 import time
 
 TRAINER = "cifar10_estimator"
+# The commands that start warm, each with the modules its server loads ahead (what the command
+# loads once its flags are read: the later a module loads, the more of a run it costs).
+COMMANDS = {
+    TRAINER: ("cifar10_estimator.train", "cifar10_estimator.training.driver",
+              "cifar10_estimator.training.summary", "matplotlib.figure",
+              "matplotlib.backends.backend_agg"),  # (the evaluations' confusion images)
+    "cifar10_estimator.predict": ("cifar10_estimator.serving.client",),
+    "cifar10_estimator.evaluate": ("cifar10_estimator.evaluation.offline",
+                                   "cifar10_estimator.evaluation.report"),
+}
 # Environment variables read when TensorFlow or the interpreter loads (TF_CONFIG is read
 # later, by the package and Estimator): a process that differs in one of them starts cold.
 _LOAD_TIME_PREFIXES = ("TF_", "ONEDNN_", "DNNL_", "MKL", "KMP_", "OMP_", "CUDA", "XLA_",
                        "PYTHON")
 _RUN_TIME = {"TF_CONFIG", "PYTHONUNBUFFERED"}
+# The servers' environment: the suite's as it starts, before any test changes its own.
+_SERVER_ENV = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+               "PYTHONUNBUFFERED": "1"}
 
 
 def _load_time(env) -> dict:
@@ -51,34 +66,36 @@ def _load_time(env) -> dict:
             if k.startswith(_LOAD_TIME_PREFIXES) and k not in _RUN_TIME}
 
 
-def _prepared(env) -> dict:
-    """``env`` as the trainer's ``prepare_process`` leaves it before TensorFlow loads."""
+def _prepare(module: str, env) -> None:
+    """What ``module``'s command sets in ``env`` before TensorFlow loads (``prepare_process``,
+    with the command's ``CPP_LOG_LEVEL`` where it has its own)."""
+    import importlib
+
     from cifar10_estimator.platform.process import prepare_process
 
-    env = dict(env)
-    prepare_process(env)
-    return env
+    command = importlib.import_module("cifar10_estimator.train" if module == TRAINER else module)
+    level = getattr(command, "CPP_LOG_LEVEL", None)
+    prepare_process(env, **({"cpp_log_level": level} if level else {}))
 
 
 # --- the server ---------------------------------------------------------------------------------
 
-def _serve() -> None:
-    """Loads what the trainer loads, then forks a trainer per request line on stdin (JSON:
-    id, argv, env, cwd, stdout, stderr) and answers on stdout: {"id", "pid"} once started,
-    {"pid", "status"} (``Popen.returncode``'s convention) once ended. Ends when stdin does."""
-    from cifar10_estimator import logs
-    from cifar10_estimator.platform.process import prepare_process
+def _serve(module: str) -> None:
+    """Loads what ``module``'s command loads, then forks that command per request line on stdin
+    (JSON: id, argv, env, cwd, stdout, stderr, append) and answers on stdout: {"id", "pid"}
+    once started, {"pid", "status"} (``Popen.returncode``'s convention) once ended. Ends when
+    stdin does."""
+    import importlib
 
-    prepare_process(os.environ)
+    from cifar10_estimator import logs
+
+    _prepare(module, os.environ)
     logs.import_tensorflow_quietly()
     import tensorflow as tf
 
     tf.estimator.Estimator  # noqa: B018  (Estimator loads lazily)
-    import matplotlib.backends.backend_agg  # noqa: F401  (the evaluations' confusion images)
-    import matplotlib.figure  # noqa: F401
-
-    from cifar10_estimator import train  # noqa: F401
-    from cifar10_estimator.training import driver, summary  # noqa: F401
+    for name in COMMANDS[module]:
+        importlib.import_module(name)
 
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     wake_r, wake_w = os.pipe()
@@ -108,7 +125,7 @@ def _serve() -> None:
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
-                    _become(request, wake_r, wake_w)  # never returns
+                    _become(module, request, wake_r, wake_w)  # never returns
                 answer(answers, {"id": request["id"], "pid": pid})
         _reap(answers)
 
@@ -129,9 +146,8 @@ def _reap(answers) -> None:
         answer(answers, {"pid": pid, "status": os.waitstatus_to_exitcode(status)})
 
 
-def _become(request: dict, *server_fds: int) -> None:
-    """In the forked child: becomes ``python -m cifar10_estimator ARGV`` and ends with its
-    status."""
+def _become(module: str, request: dict, *server_fds: int) -> None:
+    """In the forked child: becomes ``python -m MODULE ARGV`` and ends with its status."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -162,13 +178,19 @@ def _become(request: dict, *server_fds: int) -> None:
         import numpy as np
 
         np.random.seed()  # a fresh process's NumPy draws differ from its siblings'
-        sys.argv = [os.path.join(os.path.dirname(__import__(TRAINER).__file__), "__main__.py"),
-                    *request["argv"]]
-        sys.path[0] = os.getcwd()
+        import importlib.util
         import runpy
 
+        spec = importlib.util.find_spec(module)
+        if spec.submodule_search_locations is None:
+            # The server read the command's settings from it; ``-m`` runs it afresh, never
+            # imported under its own name.
+            sys.modules.pop(module, None)
+        sys.argv = [spec.origin if spec.submodule_search_locations is None else os.path.join(
+            os.path.dirname(spec.origin), "__main__.py"), *request["argv"]]
+        sys.path[0] = os.getcwd()
         try:
-            runpy.run_module(TRAINER, run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -229,11 +251,11 @@ class WarmProcess:
 class _Server:
     """This test process's fork server (started on first use, ended with the process)."""
 
-    def __init__(self, cwd: str, env: dict):
-        self._log = open(os.path.join(cwd, f"warm-start-{os.getpid()}.log"), "w")
+    def __init__(self, module: str, cwd: str):
+        self._log = open(os.path.join(cwd, f"warm-start-{module}-{os.getpid()}.log"), "w")
         self._process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, cwd=cwd, env=env)
+            [sys.executable, os.path.abspath(__file__), module], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, cwd=cwd, env=_SERVER_ENV)
         self._lock = threading.Lock()
         self._changed = threading.Condition()
         self._pids: dict[int, int] = {}  # request id -> pid
@@ -282,38 +304,44 @@ class _Server:
             self._changed.wait(timeout)
 
 
-_SERVER: list = []
+_SERVERS: dict = {}  # command -> its server
+_SERVERS_LOCK = threading.Lock()  # tests start processes from several threads at once
 
 
-def _server(cwd: str, env: dict) -> "_Server":
-    if not _SERVER or not _SERVER[0].alive():
-        _SERVER[:] = [_Server(cwd, env)]
-    return _SERVER[0]
+def _server(module: str, cwd: str) -> "_Server":
+    with _SERVERS_LOCK:
+        if module not in _SERVERS or not _SERVERS[module].alive():
+            _SERVERS[module] = _Server(module, cwd)
+        return _SERVERS[module]
 
 
-def can_start_warm(module: str, argv: list, env: dict, cwd: str, base_env: dict) -> bool:
+def can_start_warm(module: str, argv: list, env: dict, cwd: str) -> bool:
     """Whether ``python -m module argv`` with ``env`` may be warm-started (the module's
-    docstring says when not)."""
-    if module != TRAINER or os.environ.get("CIFAR10_TESTS_COLD"):
+    docstring says when not); ``cwd``: where its server runs, if one starts now."""
+    if module not in COMMANDS or os.environ.get("CIFAR10_TESTS_COLD"):
         return False
-    from cifar10_estimator.config import flags
+    if module == TRAINER:
+        from cifar10_estimator.config import flags
 
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            _, verbose = flags.parse([str(a) for a in argv], {})
-    except BaseException:  # refused (argparse exits), --help, --version: started cold
-        return False
-    if verbose:
-        return False
-    return _load_time(_prepared(env)) == _server(cwd, base_env).load_time
+        try:
+            with contextlib.redirect_stderr(io.StringIO()), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                _, verbose = flags.parse([str(a) for a in argv], {})
+        except BaseException:  # refused (argparse exits), --help, --version: started cold
+            return False
+        if verbose:
+            return False
+    prepared = dict(env)
+    _prepare(module, prepared)
+    return _load_time(prepared) == _server(module, cwd).load_time
 
 
-def start(argv: list, env: dict, cwd, stdout, stderr=None, append: bool = False,
-          base_env: dict | None = None) -> WarmProcess:
-    """Warm-starts ``python -m cifar10_estimator argv`` (check ``can_start_warm`` first): its
+def start(module: str, argv: list, env: dict, cwd, stdout, stderr=None, append: bool = False
+          ) -> WarmProcess:
+    """Warm-starts ``python -m module argv`` (check ``can_start_warm`` first) in ``cwd``: its
     stdout into the file ``stdout``, its stderr into ``stderr`` (None: the same file)."""
-    return _server(str(cwd), base_env or env).start(argv, env, cwd, stdout, stderr, append)
+    return _server(module, str(cwd)).start(argv, env, cwd, stdout, stderr, append)
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(sys.argv[1])
