@@ -8,6 +8,9 @@ import signal
 import pytest
 
 import warm_start
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("CIFAR10_TESTS_COLD")),
+                                reason="CIFAR10_TESTS_COLD: every process starts cold")
 from cluster_fixtures import local_spec, tf_config
 from trainer_fixtures import ENDLESS, TRAINING, Trainer, run_module, trainer_args, trainer_env, \
     work_dir
