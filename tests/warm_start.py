@@ -102,7 +102,7 @@ def _serve(module: str) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    answer(answers, {"ready": _load_time(os.environ)})
+    _answer(answers, {"ready": _load_time(os.environ)})
     import selectors
 
     selector = selectors.DefaultSelector()
@@ -126,11 +126,11 @@ def _serve(module: str) -> None:
                 if pid == 0:
                     selector.close()
                     _become(module, request, wake_r, wake_w)  # never returns
-                answer(answers, {"id": request["id"], "pid": pid})
+                _answer(answers, {"id": request["id"], "pid": pid})
         _reap(answers)
 
 
-def answer(stream, message: dict) -> None:
+def _answer(stream, message: dict) -> None:
     stream.write(json.dumps(message).encode() + b"\n")
     stream.flush()
 
@@ -143,7 +143,7 @@ def _reap(answers) -> None:
             return
         if pid == 0:
             return
-        answer(answers, {"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+        _answer(answers, {"pid": pid, "status": os.waitstatus_to_exitcode(status)})
 
 
 def _become(module: str, request: dict, *server_fds: int) -> None:
