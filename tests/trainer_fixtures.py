@@ -1,8 +1,9 @@
 """Fixtures for the trainer's tests: tiny record sets in the real schema, tiny configs, the
 trainer's flags (``trainer_args``, ``ENDLESS``, ``NO_EVAL``) and its processes (``run_trainer``
-to the end, ``Trainer`` in the background), which never run in the checkout; artefacts built
-once for the whole run (``built_once``: ``tiny_export``); the job-dir lock's file as a holder
-writes it (``write_lock_file``). Clusters: ``cluster_fixtures``."""
+to the end, ``Trainer`` in the background; warm-started where they can be, ``warm_start``),
+which never run in the checkout; artefacts built once for the whole run (``built_once``:
+``tiny_export``); the job-dir lock's file as a holder writes it (``write_lock_file``).
+Clusters: ``cluster_fixtures``."""
 
 import fcntl
 import os
@@ -140,8 +141,8 @@ def run_module(module: str, *args: str, env_extra: dict | None = None, timeout: 
     """Runs ``python -m module args`` in a fresh process; returns the completed process.
 
     The process gets ``env`` (default: this one's environment) plus ``env_extra``, and runs in
-    ``cwd`` (default: the session's temporary work folder). A trainer is warm-started where it
-    can be (``warm_start``) unless ``cold``.
+    ``cwd`` (default: the session's temporary work folder). The trainer, ``predict`` and
+    ``evaluate`` are warm-started where they can be (``warm_start``) unless ``cold``.
     """
     base = os.environ if env is None else env
     env = {k: v for k, v in base.items() if k != "TF_CONFIG"}  # never a stray cluster
@@ -256,7 +257,7 @@ class Trainer:
                  cold: bool = False):
         self.args, self.log, self.tf_config, self.env_extra = list(args), log, tf_config, env_extra
         self.cwd, self.cold = cwd, cold
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | warm_start.WarmProcess | None = None
         if start:
             self.start()
 
