@@ -216,7 +216,7 @@ def _become(module: str, request: dict, *server_fds: int) -> None:
 
 class WarmProcess:
     """A warm-started trainer, with the part of ``subprocess.Popen`` the tests use: ``pid``,
-    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``."""
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``."""
 
     def __init__(self, server: "_Server", pid: int, args: list):
         self._server, self.pid, self.args = server, pid, args
@@ -240,9 +240,6 @@ class WarmProcess:
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
