@@ -1,7 +1,8 @@
 """Collective all-reduce through Estimator (--distribution-strategy mirrored and
-multi-worker-mirrored): the same training as towers, real multi-process clusters on 127.0.0.1
-that train, evaluate, export, survive a kill -9 and stop together for a signal, and one line
-for every combination that cannot work."""
+multi-worker-mirrored): the same training as towers, a real multi-process cluster on 127.0.0.1
+that survives a kill -9 and stops together for a signal, and one line for every combination
+that cannot work. The cluster that trains, evaluates, exports and ends on its own runs with its
+job dir in a bucket (tests/test_object_storage.py), as a cluster's job dir usually is."""
 
 import json
 import os
@@ -16,9 +17,8 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.config import checks, flags
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
-from cluster_fixtures import RAN, RATE, local_spec, run_cluster, task_lines, tf_config
+from cluster_fixtures import local_spec, tf_config
 from trainer_fixtures import checkpoint_step, run_module, trainer_args
 
 ALL_REDUCE = ["--distribution-strategy", "multi-worker-mirrored"]
@@ -119,46 +119,6 @@ def test_the_launcher_refuses_parameter_servers_for_an_all_reduce_cluster(tmp_pa
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "cifar10_estimator.cluster: error: --num-ps 1: a multi-worker-mirrored cluster "
         "all-reduces among the chief and workers, without parameter servers")
-
-
-@pytest.mark.cluster
-@pytest.mark.timeout(240)
-def test_an_all_reduce_cluster_trains_evaluates_exports_and_ends_on_its_own(
-        tiny_records, tmp_path):
-    data_dir, _ = tiny_records
-    job_dir = tmp_path / "job"
-    code, output = run_cluster(
-        ["--num-workers", "2", "--evaluator",
-         # 5 epochs of 96 records at 2 x 8 a global step: 30 steps, for the evaluator too
-         # (it counts the workers; Estimator's RunConfig gives an evaluator none).
-         "--", *trainer_args(data_dir, job_dir, *ALL_REDUCE, "--train-epochs", "5",
-                             "--save-checkpoints-steps", "10", "--eval-throttle-secs", "1",
-                             "--progress-secs", "1", "--precision", "auto")],
-        tmp_path / "cluster.log", timeout=220)
-    assert code == 0, output[-4000:]
-    assert "Traceback" not in output and " E " not in output, output[-4000:]
-    for task in ("chief", "worker0", "evaluator"):
-        assert f"[cluster] {task}: exit status 0" in output
-    assert "ps0" not in output  # no parameter servers
-    chief, worker = task_lines(output, "chief"), task_lines(output, "worker0")
-    assert any("collective all-reduce updates" in line for line in chief)
-    # Synchronous: the job ends at the step asked for, and both workers ran every step.
-    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 30
-    for lines in (chief, worker):
-        ran = [RAN.search(line) for line in lines]
-        assert [int(m.group(1)) for m in ran if m] == [30]
-        own, total = map(float, [m for m in map(RATE.search, lines) if m][-1].groups())
-        assert total == pytest.approx(2 * own, rel=0.05)  # a global step: both batches
-    # One precision for the job: the chief's, recorded; the worker follows it.
-    assert any(re.match(r"[\d:]+ precision auto: (fp32|bf16)", line) for line in chief)
-    assert any("precision auto: " in line and "the job's recorded precision" in line
-               for line in worker)
-    evaluator = task_lines(output, "evaluator")
-    assert any("final evaluation at step 30" in line for line in evaluator)
-    (version,) = os.listdir(job_dir / "export")
-    info = json.loads((job_dir / "export" / version / "assets.extra" / "export.json").read_text())
-    assert info["global_step"] == 30
-    assert not (job_dir / allreduce.STOP_FILE).exists()
 
 
 def _worker_pid(log_text: str, after: int = 0) -> int:

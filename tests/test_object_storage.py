@@ -24,9 +24,10 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import storage, train
+from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
-from cluster_fixtures import run_cluster
+from cluster_fixtures import RAN, RATE, run_cluster, task_lines
 from trainer_fixtures import (Trainer, run_concurrently, run_module, trainer_args, trainer_env,
                               work_dir)
 
@@ -449,25 +450,49 @@ def test_a_server_gone_mid_run_is_one_line_and_the_run_resumes_once_it_is_back(
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_an_all_reduce_cluster_shares_a_job_dir_in_a_bucket(s3_server, bucket, tiny_records,
-                                                           tmp_path):
+@pytest.mark.timeout(300)
+def test_an_all_reduce_cluster_in_a_bucket_trains_evaluates_exports_and_ends_on_its_own(
+        s3_server, bucket, tiny_records, tmp_path):
     data_dir, _ = tiny_records
     job_dir = f"s3://{bucket}/job"
     code, output = run_cluster(
         ["--num-workers", "2", "--evaluator",
+         # 5 epochs of 96 records at 2 x 8 a global step: 30 steps, for the evaluator too
+         # (it counts the workers; Estimator's RunConfig gives an evaluator none).
          "--", *trainer_args(data_dir, job_dir, "--distribution-strategy",
-                             "multi-worker-mirrored", "--train-steps", "6",
-                             "--save-checkpoints-steps", "3", "--eval-throttle-secs", "1",
-                             "--precise-bn-batches", "0", "--progress-secs", "1")],
+                             "multi-worker-mirrored", "--train-epochs", "5",
+                             "--save-checkpoints-steps", "10", "--eval-throttle-secs", "1",
+                             "--precise-bn-batches", "0", "--progress-secs", "1",
+                             "--precision", "auto")],
         tmp_path / "cluster.log", timeout=280, env_extra=_s3_env(s3_server))
     assert code == 0, output[-4000:]
-    assert "Traceback" not in output, output[-4000:]
+    assert "Traceback" not in output and " E " not in output, output[-4000:]
     for task in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {task}: exit status 0" in output, output[-4000:]
-    # The worker waited for the chief's settings in the bucket and checked itself against
-    # them; the evaluator read the chief's checkpoints from it.
-    assert re.search(r"\[evaluator\] .*evaluation at step 6: accuracy", output), output[-4000:]
+    assert "ps0" not in output  # no parameter servers
+    chief, worker = task_lines(output, "chief"), task_lines(output, "worker0")
+    assert any("collective all-reduce updates" in line for line in chief)
+    # Synchronous: the job ends at the step asked for, and both workers ran every step.
+    for lines in (chief, worker):
+        ran = [RAN.search(line) for line in lines]
+        assert [int(m.group(1)) for m in ran if m] == [30]
+        own, total = map(float, [m for m in map(RATE.search, lines) if m][-1].groups())
+        assert total == pytest.approx(2 * own, rel=0.05)  # a global step: both batches
+    # One precision for the job: the chief's, recorded in the bucket; the worker waited for
+    # it there, checked itself against the chief's settings and follows it.
+    assert any(re.match(r"[\d:]+ precision auto: (fp32|bf16)", line) for line in chief)
+    assert any("precision auto: " in line and "the job's recorded precision" in line
+               for line in worker)
+    # The evaluator read the chief's checkpoints from the bucket, the last one at once.
+    evaluator = task_lines(output, "evaluator")
+    assert any("final evaluation at step 30" in line for line in evaluator), output[-4000:]
     keys = _keys(s3_server, bucket, "job/")
-    assert "job/model.ckpt-6.index" in keys and "job/settings.json" in keys
-    assert any(re.fullmatch(r"job/export/\d+/saved_model\.pb", k) for k in keys)
-    assert "job/trainer.lock" not in keys
+    saved = [int(m.group(1)) for m in (re.fullmatch(r"job/model\.ckpt-(\d+)\.index", k)
+                                       for k in keys) if m]
+    assert max(saved) == 30 and "job/settings.json" in keys
+    (export,) = [k for k in keys if re.fullmatch(r"job/export/\d+/saved_model\.pb", k)]
+    info = json.loads(_client(s3_server).get_object(
+        Bucket=bucket, Key=export.replace("saved_model.pb", "assets.extra/export.json")
+    )["Body"].read())
+    assert info["global_step"] == 30
+    assert "job/trainer.lock" not in keys and f"job/{allreduce.STOP_FILE}" not in keys
