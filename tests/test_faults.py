@@ -21,7 +21,8 @@ from cifar10_estimator import train
 from cifar10_estimator.data import metadata, schema, writer
 from cifar10_estimator.jobdir import lock as job_lock
 from conftest import md5, run_generator_cli
-from trainer_fixtures import bomb_png, checkpoint_step, run_concurrently, run_module, trainer_args
+from trainer_fixtures import (Trainer, bomb_png, checkpoint_step, run_concurrently, run_module,
+                              trainer_args)
 import test_job_dir
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
@@ -56,23 +57,20 @@ def test_kill_9_at_random_moments_then_rerun_resumes_and_finishes(tiny_records, 
     resumed = []
     for _ in range(3):
         log_path = tmp_path / "run.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "cifar10_estimator", *flags],
-                                    cwd=tmp_path, stdout=log, stderr=log)
-            try:
-                deadline = time.time() + 120
-                # Training is under way, past the next checkpoint after the one it resumed
-                # from (so each kill can lose progress; on a loaded machine the first
-                # progress line can come before any checkpoint but step 0).
-                floor = (resumed[-1] if resumed else 0) + interval
-                while time.time() < deadline and max(
-                        map(int, STEP.findall(log_path.read_text())), default=-1) <= floor:
-                    time.sleep(0.1)
-                time.sleep(rng.uniform(0.0, 1.5))
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                killed = proc.pid
+        trainer = Trainer(flags, log_path, cwd=tmp_path)
+        try:
+            deadline = time.time() + 120
+            # Training is under way, past the next checkpoint after the one it resumed from
+            # (so each kill can lose progress; on a loaded machine the first progress line
+            # can come before any checkpoint but step 0).
+            floor = (resumed[-1] if resumed else 0) + interval
+            while time.time() < deadline and max(
+                    map(int, STEP.findall(log_path.read_text())), default=-1) <= floor:
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.0, 1.5))
+        finally:
+            trainer.kill()
+            killed = trainer.process.pid
         logged = [int(s) for s in STEP.findall(log_path.read_text())]
         latest = tf.train.latest_checkpoint(job_dir)
         assert latest, "a killed run left no usable checkpoint"

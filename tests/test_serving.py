@@ -23,7 +23,7 @@ from cifar10_estimator.model import model_fn
 from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.serving import client, export, warmup
 from cifar10_estimator.errors import UserError
-from trainer_fixtures import checkpoint_of, trainer_args
+from trainer_fixtures import checkpoint_of, run_module, trainer_args
 
 _SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
@@ -268,9 +268,8 @@ def test_predict_takes_the_export_folder_and_prints_json(exported, tmp_path):
     base = os.path.dirname(exported)
     older = os.path.join(base, "1000000000")  # an older version: the newest one is used
     shutil.copytree(exported, older)
-    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.predict", "--saved-model",
-                           base, "--json", "--top", "2", *files],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    proc = run_module("cifar10_estimator.predict", "--saved-model", base, "--json", "--top",
+                      "2", *files, cwd=tmp_path, timeout=120)
     shutil.rmtree(older)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -282,7 +281,6 @@ def test_predict_takes_the_export_folder_and_prints_json(exported, tmp_path):
         assert row["top"][0]["probability"] >= row["top"][1]["probability"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "cifar10_estimator.predict", "--saved-model",
-                           str(empty), *files], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=120)
+    proc = run_module("cifar10_estimator.predict", "--saved-model", str(empty), *files,
+                      cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "holds no numbered versions" in proc.stderr
