@@ -51,6 +51,20 @@ def test_a_refused_run_ends_warm_as_it_ends_cold(tmp_path):
     assert "train.tfrecords not found" in warm.stderr
 
 
+def test_predict_and_evaluate_share_a_server_and_each_runs_as_its_own_command(tmp_path):
+    # Both load TensorFlow with the same settings (C++ log level 3), so one server forks both.
+    predict, evaluate = "cifar10_estimator.predict", "cifar10_estimator.evaluate"
+    assert warm_start._served_with(predict) == warm_start._served_with(evaluate) == (
+        predict, evaluate)
+    assert warm_start._served_with(warm_start.TRAINER) == (warm_start.TRAINER,)
+    for module in (predict, evaluate):
+        assert _warm(["--help"], module=module)
+        warm, cold = run_module(module, "--help"), run_module(module, "--help", cold=True)
+        assert warm.returncode == cold.returncode == 0
+        assert warm.stdout == cold.stdout and warm.stderr == cold.stderr
+        assert f"python -m {module}" in warm.stdout
+
+
 @pytest.mark.slow
 def test_a_warm_trainer_has_its_own_folder_environment_signals_and_streams(tiny_records,
                                                                             tmp_path):

@@ -4,12 +4,12 @@ forked from a process that has already loaded TensorFlow, instead of started fro
 Loading TensorFlow (with Estimator, Keras and the command's modules) costs a process 3 to 4
 CPU-seconds on the 2 cores of the machines the suite runs on, about half of what one of the
 tests' tiny runs costs in all, and the suite starts well over a hundred such processes
-(docs/performance.md, "The test suite"). A warm start pays that once per command and test
-process.
+(docs/performance.md, "The test suite"). A warm start pays that once per test process and set
+of commands that load TensorFlow alike (``predict`` and ``evaluate`` share a server).
 
 What a warm-started command is: a real process of its own (its pid, its exit status, real
-signals, killed as any process is), forked from the command's server here, which set itself up
-as the command's ``main`` does before TensorFlow loads (``prepare_process`` with the command's
+signals, killed as any process is), forked from a server here, which set itself up as the
+command's ``main`` does before TensorFlow loads (``prepare_process`` with the command's
 ``CPP_LOG_LEVEL``, then ``logs.import_tensorflow_quietly``) and loaded the command's modules.
 The child then becomes the command: its environment, current folder, standard streams
 (unbuffered, as with ``PYTHONUNBUFFERED``), ``sys.argv`` and ``sys.path[0]`` as ``python -m``
@@ -66,35 +66,47 @@ def _load_time(env) -> dict:
             if k.startswith(_LOAD_TIME_PREFIXES) and k not in _RUN_TIME}
 
 
+def _cpp_log_level(module: str):
+    """The C++ log level ``module``'s command loads TensorFlow with (its ``CPP_LOG_LEVEL``),
+    or None for ``prepare_process``'s default."""
+    import importlib
+
+    command = importlib.import_module("cifar10_estimator.train" if module == TRAINER else module)
+    return getattr(command, "CPP_LOG_LEVEL", None)
+
+
 def _prepare(module: str, env) -> None:
     """What ``module``'s command sets in ``env`` before TensorFlow loads (``prepare_process``,
     with the command's ``CPP_LOG_LEVEL`` where it has its own)."""
-    import importlib
-
     from cifar10_estimator.platform.process import prepare_process
 
-    command = importlib.import_module("cifar10_estimator.train" if module == TRAINER else module)
-    level = getattr(command, "CPP_LOG_LEVEL", None)
+    level = _cpp_log_level(module)
     prepare_process(env, **({"cpp_log_level": level} if level else {}))
+
+
+def _served_with(module: str) -> tuple:
+    """The commands one server forks ``module`` with: those that prepare their process alike
+    (``_prepare``), so that TensorFlow loads in each as in the command started cold."""
+    return tuple(m for m in COMMANDS if _cpp_log_level(m) == _cpp_log_level(module))
 
 
 # --- the server ---------------------------------------------------------------------------------
 
-def _serve(module: str) -> None:
-    """Loads what ``module``'s command loads, then forks that command per request line on stdin
-    (JSON: id, argv, env, cwd, stdout, stderr, append) and answers on stdout: {"id", "pid"}
-    once started, {"pid", "status"} (``Popen.returncode``'s convention) once ended. Ends when
-    stdin does."""
+def _serve(modules: list) -> None:
+    """Loads what the commands ``modules`` load (they prepare their process alike), then forks
+    one per request line on stdin (JSON: id, module, argv, env, cwd, stdout, stderr, append)
+    and answers on stdout: {"id", "pid"} once started, {"pid", "status"}
+    (``Popen.returncode``'s convention) once ended. Ends when stdin does."""
     import importlib
 
     from cifar10_estimator import logs
 
-    _prepare(module, os.environ)
+    _prepare(modules[0], os.environ)
     logs.import_tensorflow_quietly()
     import tensorflow as tf
 
     tf.estimator.Estimator  # noqa: B018  (Estimator loads lazily)
-    for name in COMMANDS[module]:
+    for name in (n for module in modules for n in COMMANDS[module]):
         importlib.import_module(name)
 
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
@@ -125,7 +137,7 @@ def _serve(module: str) -> None:
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
-                    _become(module, request, wake_r, wake_w)  # never returns
+                    _become(request["module"], request, wake_r, wake_w)  # never returns
                 _answer(answers, {"id": request["id"], "pid": pid})
         _reap(answers)
 
@@ -246,12 +258,13 @@ class WarmProcess:
 
 
 class _Server:
-    """This test process's fork server (started on first use, ended with the process)."""
+    """This test process's fork server for ``modules`` (started on first use, ended with the
+    process)."""
 
-    def __init__(self, module: str, cwd: str):
-        self._log = open(os.path.join(cwd, f"warm-start-{module}-{os.getpid()}.log"), "w")
+    def __init__(self, modules: tuple, cwd: str):
+        self._log = open(os.path.join(cwd, f"warm-start-{modules[0]}-{os.getpid()}.log"), "w")
         self._process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), module], stdin=subprocess.PIPE,
+            [sys.executable, os.path.abspath(__file__), *modules], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, cwd=cwd, env=_SERVER_ENV)
         self._lock = threading.Lock()
         self._changed = threading.Condition()
@@ -278,13 +291,14 @@ class _Server:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def start(self, argv: list, env: dict, cwd, stdout, stderr=None, append=False
+    def start(self, module: str, argv: list, env: dict, cwd, stdout, stderr=None, append=False
               ) -> WarmProcess:
         with self._lock:
             self._next += 1
             ident = self._next
             self._process.stdin.write(json.dumps({
-                "id": ident, "argv": [str(a) for a in argv], "env": env, "cwd": str(cwd),
+                "id": ident, "module": module, "argv": [str(a) for a in argv], "env": env,
+                "cwd": str(cwd),
                 "stdout": str(stdout), "stderr": None if stderr is None else str(stderr),
                 "append": append}).encode() + b"\n")
             self._process.stdin.flush()
@@ -301,15 +315,16 @@ class _Server:
             self._changed.wait(timeout)
 
 
-_SERVERS: dict = {}  # command -> its server
+_SERVERS: dict = {}  # the commands a server forks (``_served_with``) -> the server
 _SERVERS_LOCK = threading.Lock()  # tests start processes from several threads at once
 
 
 def _server(module: str, cwd: str) -> "_Server":
+    modules = _served_with(module)
     with _SERVERS_LOCK:
-        if module not in _SERVERS or not _SERVERS[module].alive():
-            _SERVERS[module] = _Server(module, cwd)
-        return _SERVERS[module]
+        if modules not in _SERVERS or not _SERVERS[modules].alive():
+            _SERVERS[modules] = _Server(modules, cwd)
+        return _SERVERS[modules]
 
 
 def can_start_warm(module: str, argv: list, env: dict, cwd: str) -> bool:
@@ -337,8 +352,8 @@ def start(module: str, argv: list, env: dict, cwd, stdout, stderr=None, append: 
           ) -> WarmProcess:
     """Warm-starts ``python -m module argv`` (check ``can_start_warm`` first) in ``cwd``: its
     stdout into the file ``stdout``, its stderr into ``stderr`` (None: the same file)."""
-    return _server(module, str(cwd)).start(argv, env, cwd, stdout, stderr, append)
+    return _server(module, str(cwd)).start(module, argv, env, cwd, stdout, stderr, append)
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1:])
