@@ -182,10 +182,10 @@ class Tasks(list):
         """Until every task (of ``tasks``, default all) has ended, or ``timeout`` seconds."""
         tasks = list(self if tasks is None else tasks)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(t.poll() is None for t in tasks):
+        # Every task is polled each round (not ``any``, which stops at the first one still
+        # running): a task's ``exited_at`` is when it ended, not when the tasks before it did.
+        while [t for t in tasks if t.poll() is None] and time.monotonic() < deadline:
             time.sleep(0.2)
-        for t in tasks:
-            t.poll()
 
     def wait_for(self, predicate: Callable[[], object], what: str, timeout: float = 120) -> None:
         """Until ``predicate()`` holds; fails with every task's latest output after
