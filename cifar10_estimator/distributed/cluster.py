@@ -37,6 +37,13 @@ log = logging.getLogger("cifar10_estimator")
 
 _DONE_QUEUE = "cifar10_estimator_done"  # shared_name of the queue on every ps
 _POLL_SECS = 0.5
+# How long a parameter server keeps serving after the last report. The reply to that report
+# and its sender's closing of the session follow the dequeue within milliseconds; a server
+# already gone makes the sender's gRPC master client retry UNAVAILABLE until its deadline
+# (tensorflow/core/distributed_runtime/rpc/grpc_remote_master.cc): a worker then waited out
+# report_done's 30 s and logged that the parameter server never heard, though it had (seen in
+# 2 of 24 exits on a loaded 2-core machine, tests/test_cluster_lifecycle.py's cluster once).
+_LINGER_SECS = 1.0
 _PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
 
 
@@ -205,6 +212,7 @@ def run_parameter_server(cluster: Mapping[str, Sequence[str]], task_index: int,
                     chief_done_at = time.monotonic()
                 log.info("parameter server %d: %s finished (%d of %d training tasks)",
                          task_index, name, len(done & set(expected)), len(expected))
+    time.sleep(_LINGER_SECS)  # the answers still on their way (above)
     log.info("parameter server %d: training finished, exiting", task_index)
 
 
