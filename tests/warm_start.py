@@ -148,8 +148,8 @@ def _serve(modules: list) -> None:
 def _render_a_confusion_image() -> None:
     """Draws one confusion image as a trainer's evaluations do (``model.confusion_image``), in
     Python only (no TensorFlow runtime starts before a fork): matplotlib loads its fonts and
-    fills its caches once here, not in each fork's first evaluation (a fork's first drawing
-    took 0.65 CPU-s, 0.4 after this, on the Xeon with AMX)."""
+    fills its caches once here, not in each fork's first evaluation (docs/performance.md, "The
+    test suite")."""
     import numpy as np
 
     from cifar10_estimator.data import schema

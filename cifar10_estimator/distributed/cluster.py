@@ -41,8 +41,8 @@ _POLL_SECS = 0.5
 # and its sender's closing of the session follow the dequeue within milliseconds; a server
 # already gone makes the sender's gRPC master client retry UNAVAILABLE until its deadline
 # (tensorflow/core/distributed_runtime/rpc/grpc_remote_master.cc): a worker then waited out
-# report_done's 30 s and logged that the parameter server never heard, though it had (seen in
-# 2 of 24 exits on a loaded 2-core machine, tests/test_cluster_lifecycle.py's cluster once).
+# report_done's 30 s and logged that the parameter server never heard, though it had (how
+# often: CHANGELOG). A second is far more than those milliseconds, even on a loaded machine.
 _LINGER_SECS = 1.0
 _PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
 
