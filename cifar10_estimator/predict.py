@@ -16,8 +16,8 @@ from cifar10_estimator.platform.process import prepare_process
 from cifar10_estimator.serving.trust import TRUST_FLAG, TRUST_HELP
 
 MODULE = "cifar10_estimator.predict"
-# TensorFlow's C++ log while this command runs: none (its output is the answer; errors reach the user as
-# one-line errors).
+# TensorFlow's C++ log while this command runs: none (its output is the answer; errors
+# reach the user as one-line errors).
 CPP_LOG_LEVEL = "3"
 
 

@@ -314,9 +314,9 @@ class _Server:
             ident = self._next
             self._process.stdin.write(json.dumps({
                 "id": ident, "module": module, "argv": [str(a) for a in argv], "env": env,
-                "cwd": str(cwd),
-                "stdout": str(stdout), "stderr": None if stderr is None else str(stderr),
-                "append": append}).encode() + b"\n")
+                "cwd": str(cwd), "stdout": str(stdout),
+                "stderr": None if stderr is None else str(stderr), "append": append,
+            }).encode() + b"\n")
             self._process.stdin.flush()
         with self._changed:
             assert self._changed.wait_for(lambda: ident in self._pids or not self.alive(), 60)
