@@ -320,6 +320,21 @@ class _Py2StylePickler(pickle._Pickler):
 
     dispatch[str] = dispatch[bytes] = _save_byte_string
 
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        # NumPy 2 renamed numpy.core to numpy._core and pickles arrays by the new name; CIFAR's
+        # files, written by NumPy 1, name numpy.core, which NumPy 2 still loads. Writing the
+        # old name keeps a batch byte-identical to CIFAR's under either NumPy.
+        module = pickle.whichmodule(obj, name or obj.__qualname__)
+        if module.startswith(_NUMPY2_CORE + "."):
+            module = _NUMPY1_CORE + module[len(_NUMPY2_CORE):]
+            self.write(pickle.GLOBAL + f"{module}\n{name or obj.__qualname__}\n".encode("ascii"))
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+
+_NUMPY1_CORE, _NUMPY2_CORE = "numpy.core", "numpy._core"
+
 
 def dumps_py2(obj: Any) -> bytes:
     """Pickles dicts, lists, str/bytes, numbers and numpy arrays with Python 2's opcodes.
