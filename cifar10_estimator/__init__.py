@@ -1,9 +1,9 @@
 """Train, evaluate and serve CIFAR-10 classifiers (a ResNet, or the original tutorial's CNN)
 with tf.estimator.
 
-Four foundations every layer uses (``errors``, ``cli``, ``storage``, ``logs``), then the
-settings' home and the subpackages along the data's path; each imports only from those before
-it:
+Five foundations every layer may use (``errors``, ``cli``, ``storage``, ``logs``,
+``estimator_compat``), then the settings' home and the subpackages along the data's path; each
+imports only from those before it:
 
 - ``config``: every setting once, its flag, its checks, and the models', strategies' and
   recipes' overlays on the defaults;

@@ -1,8 +1,9 @@
 """What the command lines print: a quiet TensorFlow import and readable training logs.
 
-TensorFlow 2.15 with Estimator prints pages that bury the training log: C++ notices while it
+TensorFlow with Estimator prints pages that bury the training log: C++ notices while it
 loads (oneDNN, CPU features, and three harmless "Unable to register cuDNN/cuFFT/cuBLAS factory"
-errors of the CPU wheel, tensorflow/tensorflow#62075), a deprecation notice for nearly every
+errors of the CPU wheel, tensorflow/tensorflow#62075; from 2.16 on, the CUDA wheel's "failed
+call to cuInit" on a machine without a GPU driver, when it first lists devices), a deprecation notice for nearly every
 ``tf.compat.v1`` call, and dozens of INFO lines about graphs, hooks and sessions. Command lines
 call ``import_tensorflow_quietly`` before anything imports TensorFlow, and ``setup_logging``:
 
@@ -47,10 +48,17 @@ def _native_stderr_silenced() -> Iterator[None]:
 def import_tensorflow_quietly() -> None:
     """Imports TensorFlow without its load-time C++ noise on stderr. The level of its C++ log
     (``CPP_LOG_LEVEL_ENV``) is read once, when it loads: the command sets it first
-    (``platform.process.prepare_process``)."""
+    (``platform.process.prepare_process``).
+
+    The devices are listed inside the same silence: TensorFlow's wheel from 2.16 on carries
+    CUDA and, on a machine without a GPU driver, logs ``failed call to cuInit`` as an error
+    the first time it looks for devices (once a process). The run's own lines say which
+    devices it uses."""
     if "tensorflow" not in sys.modules:
         with _native_stderr_silenced():
-            import tensorflow  # noqa: F401
+            import tensorflow
+
+            tensorflow.config.list_physical_devices()
 
 
 # TensorFlow's INFO messages worth a line, by template (``LogRecord.msg``): from

@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from typing import IO, Iterator, Optional
@@ -38,6 +39,10 @@ from cifar10_estimator.errors import UserError
 
 # Schemes that tensorflow-io registers with TensorFlow when it is imported.
 _TFIO_SCHEMES = ("s3", "hdfs", "az", "http", "https")
+# The one TensorFlow that tensorflow-io, which brings those schemes, has a working release for
+# with this package (pyproject.toml's s3 extra; docs/versions.md): 0.36 is built for TF 2.15,
+# and the last release, 0.37.1, for TF 2.16 only, with no Python 3.13 wheels.
+TFIO_PAIR = "TensorFlow 2.15 on Python 3.11 (tensorflow-io 0.36)"
 
 
 def scheme(path: str) -> Optional[str]:
@@ -75,8 +80,11 @@ def gfile(path: str):
         try:
             import tensorflow_io  # noqa: F401  (registers s3://, hdfs://, ...)
         except ImportError:
-            raise UserError(f"{path}: {scheme(path)}:// paths need the tensorflow-io package; "
-                            f"install the package with pip install '.[s3]'") from None
+            raise UserError(f"{path}: {scheme(path)}:// paths need tensorflow-io, which works "
+                            f"with {TFIO_PAIR}; this is TensorFlow {tf.__version__} on Python "
+                            f"{sys.version_info.major}.{sys.version_info.minor}: install that "
+                            f"pair with pip install '.[s3]' on Python 3.11 (docs/storage.md)"
+                            ) from None
     return tf.io.gfile
 
 

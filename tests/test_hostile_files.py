@@ -35,7 +35,8 @@ import pytest
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError
 from conftest import REPO, listing, write_cifar_dir
-from trainer_fixtures import run_concurrently, run_module, trainer_args, work_dir, write_records
+from trainer_fixtures import run_concurrently, run_module, trainer_args, without_cpp_log, \
+    work_dir, write_records
 
 GENERATOR = [sys.executable, os.path.join(REPO, "tools", "generate_tfrecords.py")]
 # A command that loads no TensorFlow ends in a second or two; one that does, in tens.
@@ -50,7 +51,8 @@ def _refused(proc: subprocess.CompletedProcess, path) -> str:
     (log lines aside) naming ``path``; returns that line."""
     assert proc.returncode not in (-signal.SIGSEGV, 128 + signal.SIGSEGV), proc.stderr[-2000:]
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    lines = [line for line in proc.stderr.splitlines() if not LOG_LINE.match(line)]
+    lines = [line for line in without_cpp_log(proc.stderr).splitlines()
+             if not LOG_LINE.match(line)]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert str(path) in lines[0] and "error: " in lines[0], lines[0]
     return lines[0]

@@ -26,8 +26,8 @@ from cifar10_estimator.jobdir import lock as job_lock
 from cifar10_estimator.jobdir.lock import JobLock, LockLost
 from cifar10_estimator.training import fence
 from cluster_fixtures import frozen, wait_stopped
-from trainer_fixtures import (NO_BEAT, NO_EVAL, checkpoint_step, trainer_env, wait_until,
-                              work_dir, write_lock_file)
+from trainer_fixtures import (NEEDS_S3, NO_BEAT, NO_EVAL, checkpoint_step, trainer_env,
+                              wait_until, work_dir, write_lock_file)
 # moto's S3 server, one for this module (the fixtures of test_object_storage, imported).
 from test_object_storage import _Relay, _s3_env, bucket, s3_server  # noqa: F401
 
@@ -389,6 +389,7 @@ end("released", 0)
 """
 
 
+@NEEDS_S3
 @pytest.mark.slow
 def test_two_trainers_racing_for_a_lease_whose_writes_are_slow_never_both_hold_it(
         s3_server, bucket, tmp_path):

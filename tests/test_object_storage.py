@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 import tensorflow as tf
@@ -28,8 +31,8 @@ from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
 from cluster_fixtures import RAN, RATE, run_cluster, task_lines
-from trainer_fixtures import (Trainer, run_concurrently, run_module, trainer_args, trainer_env,
-                              work_dir)
+from trainer_fixtures import (HAS_S3, NEEDS_S3, Trainer, run_concurrently, run_module,
+                              trainer_args, trainer_env, work_dir)
 
 
 # Where tensorflow-io's S3 client keeps a local copy of each file open for writing: /tmp,
@@ -187,6 +190,44 @@ def _keys(endpoint: str, bucket: str, prefix: str = "") -> list[str]:
     return sorted(o["Key"] for page in pages for o in page.get("Contents", ()))
 
 
+@dataclass
+class Store:
+    """Where a cluster's tasks share their files: ``root`` (a bucket's URL or a folder), the
+    environment that reaches it, and its objects' keys and bytes, relative to the root."""
+    root: str
+    env: dict
+    keys: Callable[[str], list]
+    read: Callable[[str], bytes]
+    upload: Callable[[str, str], None]  # (a local folder's files, to a prefix)
+
+
+@pytest.fixture
+def shared_store(request, tmp_path) -> Store:
+    """A bucket of the local S3 server where s3:// works; elsewhere a folder, which every task
+    on this machine, and every node of a local Ray cluster, shares (the user's choice there)."""
+    if HAS_S3:
+        endpoint, name = request.getfixturevalue("s3_server"), request.getfixturevalue("bucket")
+        client = _client(endpoint)
+
+        def upload(folder: str, prefix: str) -> None:
+            for file in os.listdir(folder):
+                client.upload_file(os.path.join(folder, file), name, f"{prefix}/{file}")
+
+        return Store(f"s3://{name}", _s3_env(endpoint), lambda prefix: _keys(endpoint, name,
+                                                                             prefix),
+                     lambda key: client.get_object(Bucket=name, Key=key)["Body"].read(), upload)
+    root = tmp_path / "store"
+    root.mkdir()
+
+    def keys(prefix: str) -> list:
+        return sorted(os.path.relpath(os.path.join(folder, file), root)
+                      for folder, _, files in os.walk(root) for file in files
+                      if os.path.relpath(os.path.join(folder, file), root).startswith(prefix))
+
+    return Store(str(root), {}, keys, lambda key: (root / key).read_bytes(),
+                 lambda folder, prefix: shutil.copytree(folder, root / prefix) and None)
+
+
 def _one_line_error(proc, expected: str) -> str:
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -198,6 +239,20 @@ def _one_line_error(proc, expected: str) -> str:
 S3_RUN = ["--eval-throttle-secs", "100000", "--precise-bn-batches", "0"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_S3, reason="this TensorFlow has s3:// (tensorflow-io)")
+def test_without_tensorflow_io_an_s3_path_is_refused_in_one_line_naming_the_pair(tiny_records):
+    data_dir, _ = tiny_records
+    done = run_module("cifar10_estimator", *trainer_args(data_dir, "s3://bucket/job",
+                                                         "--train-steps", "2"))
+    line = _one_line_error(done, "s3://bucket/job: s3:// paths need tensorflow-io, which works "
+                                 f"with {storage.TFIO_PAIR}; this is TensorFlow {tf.__version__}"
+                                 f" on Python {sys.version_info.major}.{sys.version_info.minor}")
+    assert line.endswith("install that pair with pip install '.[s3]' on Python 3.11 "
+                         "(docs/storage.md)")
+
+
+@NEEDS_S3
 @pytest.mark.slow
 def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bucket(
         s3_server, bucket, make_cifar_dir, tmp_path):
@@ -323,6 +378,7 @@ def s3_server_with_keys(tmp_path_factory):
         server.wait(30)
 
 
+@NEEDS_S3
 @pytest.mark.slow
 def test_wrong_credentials_are_one_line_and_the_right_ones_write(s3_server_with_keys,
                                                                   make_cifar_dir, tmp_path):
@@ -339,6 +395,7 @@ def test_wrong_credentials_are_one_line_and_the_right_ones_write(s3_server_with_
     assert made.returncode == 0, made.stderr[-3000:]
 
 
+@NEEDS_S3
 @pytest.mark.slow
 def test_a_missing_bucket_or_a_server_that_does_not_answer_is_one_line(
         s3_server, tiny_records, tmp_path):
@@ -414,6 +471,7 @@ class _Relay:
                     pass
 
 
+@NEEDS_S3
 @pytest.mark.slow
 def test_a_server_gone_mid_run_is_one_line_and_the_run_resumes_once_it_is_back(
         s3_server, bucket, tiny_records, tmp_path):
@@ -451,10 +509,10 @@ def test_a_server_gone_mid_run_is_one_line_and_the_run_resumes_once_it_is_back(
 @pytest.mark.slow
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
-def test_an_all_reduce_cluster_in_a_bucket_trains_evaluates_exports_and_ends_on_its_own(
-        s3_server, bucket, tiny_records, tmp_path):
+def test_an_all_reduce_cluster_in_a_shared_store_trains_evaluates_exports_and_ends_on_its_own(
+        shared_store, tiny_records, tmp_path):
     data_dir, _ = tiny_records
-    job_dir = f"s3://{bucket}/job"
+    job_dir = f"{shared_store.root}/job"
     code, output = run_cluster(
         ["--num-workers", "2", "--evaluator",
          # 5 epochs of 96 records at 2 x 8 a global step: 30 steps, for the evaluator too
@@ -464,7 +522,7 @@ def test_an_all_reduce_cluster_in_a_bucket_trains_evaluates_exports_and_ends_on_
                              "--save-checkpoints-steps", "10", "--eval-throttle-secs", "1",
                              "--precise-bn-batches", "0", "--progress-secs", "1",
                              "--precision", "auto")],
-        tmp_path / "cluster.log", timeout=280, env_extra=_s3_env(s3_server))
+        tmp_path / "cluster.log", timeout=280, env_extra=shared_store.env)
     assert code == 0, output[-4000:]
     assert "Traceback" not in output and " E " not in output, output[-4000:]
     for task in ("chief", "worker0", "evaluator"):
@@ -483,16 +541,15 @@ def test_an_all_reduce_cluster_in_a_bucket_trains_evaluates_exports_and_ends_on_
     assert any(re.match(r"[\d:]+ precision auto: (fp32|bf16)", line) for line in chief)
     assert any("precision auto: " in line and "the job's recorded precision" in line
                for line in worker)
-    # The evaluator read the chief's checkpoints from the bucket, the last one at once.
+    # The evaluator read the chief's checkpoints from the store, the last one at once.
     evaluator = task_lines(output, "evaluator")
     assert any("final evaluation at step 30" in line for line in evaluator), output[-4000:]
-    keys = _keys(s3_server, bucket, "job/")
+    keys = shared_store.keys("job/")
     saved = [int(m.group(1)) for m in (re.fullmatch(r"job/model\.ckpt-(\d+)\.index", k)
                                        for k in keys) if m]
     assert max(saved) == 30 and "job/settings.json" in keys
     (export,) = [k for k in keys if re.fullmatch(r"job/export/\d+/saved_model\.pb", k)]
-    info = json.loads(_client(s3_server).get_object(
-        Bucket=bucket, Key=export.replace("saved_model.pb", "assets.extra/export.json")
-    )["Body"].read())
+    info = json.loads(shared_store.read(export.replace("saved_model.pb",
+                                                       "assets.extra/export.json")))
     assert info["global_step"] == 30
     assert "job/trainer.lock" not in keys and f"job/{allreduce.STOP_FILE}" not in keys

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from test_object_storage import _client, _keys, _s3_env, bucket, s3_server  # noqa: F401
+from test_object_storage import bucket, s3_server, shared_store  # noqa: F401
 from cluster_fixtures import free_ports
 from trainer_fixtures import trainer_args, trainer_env, work_dir
 
@@ -109,12 +109,6 @@ def ray_cluster():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _upload(endpoint: str, bucket: str, folder: str, prefix: str) -> None:
-    client = _client(endpoint)
-    for name in os.listdir(folder):
-        client.upload_file(os.path.join(folder, name), bucket, f"{prefix}/{name}")
-
-
 def _cluster(address: str, launcher_flags: list[str], trainer: list[str], env: dict,
              log) -> subprocess.Popen:
     out = open(log, "w")
@@ -159,9 +153,10 @@ RAY_TRAIN = textwrap.dedent("""
 
 @pytest.mark.timeout(420)
 def test_an_all_reduce_job_on_ray_loses_a_task_and_ray_trains_tensorflow_trainer_at_once(
-        ray_cluster, s3_server, bucket, tiny_records, tmp_path):
+        ray_cluster, shared_store, tiny_records, tmp_path):
     # Two jobs on the cluster at once (five of its six CPUs): the launcher's all-reduce job in
-    # a bucket, which loses a task, and Ray Train's TensorflowTrainer calling train.run.
+    # a bucket (a shared folder where this TensorFlow has no s3://), which loses a task, and
+    # Ray Train's TensorflowTrainer calling train.run.
     local_data, _ = tiny_records
     ray_train_job = tmp_path / "job"
     argv = trainer_args(local_data, ray_train_job, "--distribution-strategy",
@@ -175,7 +170,7 @@ def test_an_all_reduce_job_on_ray_loses_a_task_and_ray_trains_tensorflow_trainer
                                      stdout=out, stderr=err, cwd=work_dir(), env=trainer_env(),
                                      start_new_session=True)
     try:
-        _all_reduce_job_loses_a_task(ray_cluster, s3_server, bucket, local_data, tmp_path)
+        _all_reduce_job_loses_a_task(ray_cluster, shared_store, local_data, tmp_path)
         ray_train.wait(280)
     finally:
         if ray_train.poll() is None:
@@ -195,10 +190,10 @@ def test_an_all_reduce_job_on_ray_loses_a_task_and_ray_trains_tensorflow_trainer
     assert os.path.isfile(os.path.join(out["checkpoint"], "saved_model.pb"))
 
 
-def _all_reduce_job_loses_a_task(ray_cluster, s3_server, bucket, local_data, tmp_path):
-    # chief + worker (all-reduce) + evaluator as Ray actors, records and job dir in a bucket.
-    _upload(s3_server, bucket, local_data, "data")
-    data_dir, job_dir = f"s3://{bucket}/data", f"s3://{bucket}/job"
+def _all_reduce_job_loses_a_task(ray_cluster, store, local_data, tmp_path):
+    # chief + worker (all-reduce) + evaluator as Ray actors, records and job dir in the store.
+    store.upload(local_data, "data")
+    data_dir, job_dir = f"{store.root}/data", f"{store.root}/job"
     log = tmp_path / "cluster.log"
     launcher = _cluster(
         ray_cluster, ["--num-workers", "2", "--evaluator"],
@@ -206,7 +201,7 @@ def _all_reduce_job_loses_a_task(ray_cluster, s3_server, bucket, local_data, tmp
                      "--train-steps", "24", "--save-checkpoints-steps", "8",
                      "--eval-throttle-secs", "1", "--precise-bn-batches", "0",
                      "--progress-secs", "1"),
-        trainer_env(extra=_s3_env(s3_server)), log)
+        trainer_env(extra=store.env), log)
     try:
         placed = _wait_for(log, r"placed 3 tasks on (\d) Ray node\(s\)", launcher, 120)
         assert placed.group(1) == "2"  # spread over both nodes
@@ -223,9 +218,10 @@ def _all_reduce_job_loses_a_task(ray_cluster, s3_server, bucket, local_data, tmp
     for task in ("chief", "worker0", "evaluator"):
         assert f"[cluster] {task}: exit status 0" in output, output[-4000:]
     # Nothing lost but the steps since the last checkpoint: the job resumed from one.
-    assert re.search(r"\[chief\] .*resuming from s3://.*/job/model\.ckpt-(8|16)", output)
+    assert re.search(rf"\[chief\] .*resuming from {re.escape(job_dir)}/model\.ckpt-(8|16)",
+                     output)
     assert re.search(r"\[evaluator\] .*final evaluation at step 24", output), output[-4000:]
-    keys = _keys(s3_server, bucket, "job/")
+    keys = store.keys("job/")
     assert "job/eval_report.json" in keys and "job/model.ckpt-24.index" in keys
     assert any(re.fullmatch(r"job/export/\d+/saved_model\.pb", k) for k in keys)
     assert "network: the Ray cluster's nodes" in output

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("CIFAR10_TESTS_COLD")),
                                 reason="CIFAR10_TESTS_COLD: every process starts cold")
 from cluster_fixtures import local_spec, tf_config
 from trainer_fixtures import ENDLESS, TRAINING, Trainer, run_module, trainer_args, trainer_env, \
-    work_dir
+    without_cpp_log, work_dir
 
 
 def _warm(argv, env_extra=None, module=warm_start.TRAINER) -> bool:
@@ -45,7 +45,7 @@ def test_a_refused_run_ends_warm_as_it_ends_cold(tmp_path):
     assert warm.returncode == cold.returncode == 2
 
     def untimed(text: str) -> str:
-        return re.sub(r"(?m)^\d\d:\d\d:\d\d ", "", text)
+        return re.sub(r"(?m)^\d\d:\d\d:\d\d ", "", without_cpp_log(text))
 
     assert warm.stdout == cold.stdout and untimed(warm.stderr) == untimed(cold.stderr)
     assert "train.tfrecords not found" in warm.stderr

@@ -6,6 +6,7 @@ which never run in the checkout; artefacts built once for the whole run (``built
 Clusters: ``cluster_fixtures``."""
 
 import fcntl
+import importlib.util
 import os
 import re
 import shutil
@@ -231,6 +232,25 @@ def run_concurrently(*calls):
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
         futures = [pool.submit(call) for call in calls]
     return [future.result() for future in futures]
+
+
+# s3:// needs tensorflow-io, which only the s3 extra's pair has (TensorFlow 2.15 on Python
+# 3.11: docs/versions.md); elsewhere the tests of s3:// give way to its one-line refusal.
+HAS_S3 = importlib.util.find_spec("tensorflow_io") is not None
+NEEDS_S3 = pytest.mark.skipif(not HAS_S3, reason="s3:// needs tensorflow-io: the s3 extra "
+                              "(TensorFlow 2.15 on Python 3.11, .ci/run's second leg)")
+
+# TensorFlow's C++ log lines (absl's format: severity, date, time, thread, file:line]), and the
+# notice absl prints before its first one. Which appear depends on the release and the wheel
+# (2.21's CUDA wheel, oneDNN's type notices), so tests that compare logs leave them out.
+CPP_LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] |"
+                          r"WARNING: All log messages before absl::InitializeLog\(\))")
+
+
+def without_cpp_log(text: str) -> str:
+    """``text`` without TensorFlow's C++ log lines."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not CPP_LOG_LINE.match(line))
 
 
 def last_line(text: str) -> str:

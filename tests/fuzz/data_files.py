@@ -394,12 +394,17 @@ def _pickle_cases() -> st.SearchStrategy:
     )
 
 
+# numpy's own _frombuffer, as it was before any case ran: NumPy 2 moved it (numpy._core) and
+# gave it a default argument (None, for ``like``), NumPy 1 has none.
+_FROMBUFFER = (getattr(np, "_core", None) or np.core).numeric._frombuffer
+_FROMBUFFER_DEFAULTS = _FROMBUFFER.__defaults__
+
+
 def _admitted_unchanged() -> None:
     """The callables a pickle may name keep their attributes (BUILD sets attributes)."""
     if pickles._latin1_encode.__defaults__ != ("latin1",):
         raise Violation("a pickle changed pickles._latin1_encode.__defaults__")
-    frombuffer = np.core.numeric._frombuffer
-    if frombuffer.__dict__ or frombuffer.__defaults__ is not None:
+    if _FROMBUFFER.__dict__ or _FROMBUFFER.__defaults__ != _FROMBUFFER_DEFAULTS:
         raise Violation("a pickle changed numpy's _frombuffer")
     shared = np.dtype(np.uint8)  # numpy's one uint8 dtype: BUILD on it would change them all
     if shared.hasobject or shared.flags != 0 or shared.itemsize != 1:
