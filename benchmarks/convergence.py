@@ -395,12 +395,12 @@ def train_keras(args) -> int:
           f"per epoch, {args.epochs * steps_per_epoch} steps in all; learning rate "
           f"{', '.join(f'{v:g}' for v in values)} changing at steps {boundaries}", flush=True)
 
-    model = keras_resnet.build_resnet(args.depth, input_dtype="float32")
+    model = keras_resnet.build_resnet(args.depth, input_dtype="float32",
+                                      weight_decay=keras_resnet.WEIGHT_DECAY)
     params = keras_resnet.trainable_params(model)
     if params != expected:
         raise SystemExit(f"the Keras model has drifted from ours: {params:,} trainable "
                          f"parameters, ours has {expected:,}")
-    keras_resnet.add_weight_decay(model)
     model.compile(optimizer=tf.keras.optimizers.SGD(schedule, momentum=keras_resnet.MOMENTUM),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   # weighted_metrics: Keras weighs only these by the sample weights, which

@@ -88,7 +88,7 @@ def check_precision(precision: str, *, onednn: bool) -> None:
 
 
 def build_resnet(depth: int, *, precision: str = "fp32", input_dtype: str = "uint8",
-                 probabilities: bool = False):
+                 probabilities: bool = False, weight_decay: float = 0.0):
     """Our ResNet v1 as a Keras functional model: images 0..255 in, logits (or softmax) out.
 
     Layer names follow the variable scopes of our builder with ``.`` for ``/`` (``stem``,
@@ -103,12 +103,19 @@ def build_resnet(depth: int, *, precision: str = "fp32", input_dtype: str = "uin
       input_dtype: dtype of the image input; uint8 for training on raw pixels, float32 for
         serving code that feeds float images.
       probabilities: end with a softmax (the SavedModel's ``probabilities``) instead of logits.
+      weight_decay: adds weight_decay * l2_loss(w) for every trainable weight to the loss, as
+        our model_fn does: batch-norm gamma and beta and the dense bias included. ``l2_loss`` is
+        half the squared norm, so each weight gets Keras' ``L2(weight_decay / 2)``. Through
+        the layers' regularizers, which Keras 2 (TF 2.15) and Keras 3 (TF 2.16 on) both take
+        (Keras 3's functional models have no ``add_loss``); Keras computes them from the
+        float32 weights under ``mixed_bfloat16`` too.
     """
     import tensorflow as tf
 
     n = blocks_per_stage(depth)
     layers = tf.keras.layers
     policy = POLICIES[precision]
+    decay = tf.keras.regularizers.L2(weight_decay / 2) if weight_decay else None
 
     def he_init():
         # He et al. 2015 ("Delving Deep into Rectifiers", arXiv:1502.01852) initialisation,
@@ -122,8 +129,10 @@ def build_resnet(depth: int, *, precision: str = "fp32", input_dtype: str = "uin
             # stride 2 pads only the bottom and right of an even-sized map.
             x = layers.ZeroPadding2D(1, dtype=policy, name=f"{conv_name}.pad")(x)
         x = layers.Conv2D(filters, 3, stride, "valid" if stride > 1 else "same", use_bias=False,
-                          kernel_initializer=he_init(), dtype=policy, name=conv_name)(x)
+                          kernel_initializer=he_init(), kernel_regularizer=decay, dtype=policy,
+                          name=conv_name)(x)
         return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, dtype=policy,
+                                         gamma_regularizer=decay, beta_regularizer=decay,
                                          name=bn_name)(x)
 
     def shortcut(x, filters, stride, name):
@@ -155,26 +164,13 @@ def build_resnet(depth: int, *, precision: str = "fp32", input_dtype: str = "uin
             x = layers.ReLU(dtype=policy, name=f"{name}.relu2")(y)
     x = layers.GlobalAveragePooling2D(dtype="float32", name="pool")(x)
     outputs = layers.Dense(NUM_CLASSES, activation="softmax" if probabilities else None,
-                           dtype="float32", name="dense")(x)
+                           kernel_regularizer=decay, bias_regularizer=decay, dtype="float32",
+                           name="dense")(x)
     return tf.keras.Model(images, outputs, name=f"resnet{depth}")
 
 
 def trainable_params(model) -> int:
     return sum(int(w.shape.num_elements()) for w in model.trainable_weights)
-
-
-def add_weight_decay(model, weight_decay: float = WEIGHT_DECAY) -> None:
-    """Adds weight_decay * sum(l2_loss(w)) over every trainable weight to the model's loss.
-
-    As our model_fn: batch-norm gamma and beta and the dense bias included, and ``l2_loss`` is
-    half the squared norm (so this is Keras' ``l2(weight_decay / 2)`` on every weight).
-    """
-    import tensorflow as tf
-
-    weights = list(model.trainable_weights)
-    # Keras evaluates a callable loss after the forward pass, outside the layers' autocast
-    # scope, so under mixed_bfloat16 these float32 weights are read as float32, not bfloat16.
-    model.add_loss(lambda: weight_decay * tf.math.add_n([tf.nn.l2_loss(w) for w in weights]))
 
 
 def _stopwatch(warmup_steps: int, seconds: float, min_steps: int):
@@ -246,14 +242,13 @@ def main() -> int:
 
     check_precision(args.precision, onednn=cpu.onednn_enabled())
 
-    model = build_resnet(args.depth, precision=args.precision)
+    model = build_resnet(args.depth, precision=args.precision, weight_decay=WEIGHT_DECAY)
     params = trainable_params(model)
     print(f"ResNet-{args.depth}: {params:,} trainable parameters (ours: {expected:,})",
           flush=True)
     if params != expected:
         raise SystemExit(f"the Keras model has drifted from ours: {params:,} trainable "
                          f"parameters, ours has {expected:,}")
-    add_weight_decay(model)
     model.compile(optimizer=tf.keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=args.jit)
