@@ -15,9 +15,13 @@ probes, the later ones read the cache), and the table says what it picked and ho
 compares with the faster of fp32 and bf16 (the goal: at least 0.95x).
 To see what an AVX2-only CPU's oneDNN kernels do on an AVX-512 machine, run under
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's dispatcher cap; the Eigen kernels are unaffected).
+``--pythons`` compares TensorFlow releases side by side: each interpreter (a virtualenv with
+the package and its TensorFlow) runs ours and the Keras peer, all in the same alternating loop,
+and each trainer's ratio is taken against the peers of its own release.
 
     python benchmarks/train_throughput.py --depths 20,44 --runs 3
     python benchmarks/train_throughput.py --torch-python /tmp/torch-venv/bin/python
+    python benchmarks/train_throughput.py --depths 20 --pythons /tmp/tf215/bin/python,/tmp/tf221/bin/python
 
 For the PyTorch peer: ``python3.11 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install
 torch==2.13.0 numpy`` (that exact pin takes the CPU wheel; an unpinned torch pulls GBs of CUDA).
@@ -46,11 +50,12 @@ PICKED = re.compile(r"^[\d:]+ precision auto: (\w+) .*?(measured now: .*? ([\d.]
 auto_picks: dict[int, list[str]] = {}
 
 
-def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> float:
+def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str],
+         python: str = sys.executable) -> float:
     job_dir = tempfile.mkdtemp(dir=work)
     env = {**os.environ, "XDG_CACHE_HOME": os.path.join(work, "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
+        [python, "-m", "cifar10_estimator", "--data-dir", data_dir, "--job-dir", job_dir,
          "--num-layers", str(depth), "--train-steps", str(steps), "--train-batch-size", "128",
          "--eval-batch-size", "500", "--save-checkpoints-secs", "100000",
          "--eval-throttle-secs", "100000", "--progress-secs", "2", *extra],
@@ -60,7 +65,7 @@ def ours(data_dir: str, work: str, depth: int, steps: int, extra: list[str]) -> 
     picked = PICKED.search(proc.stderr)
     if picked:
         probe = f" (probe {picked.group(3)} s)" if picked.group(3) else " (cached)"
-        auto_picks.setdefault(depth, []).append(picked.group(1) + probe)
+        auto_picks.setdefault((python, depth), []).append(picked.group(1) + probe)
     current = [float(v) for v in CURRENT.findall(proc.stderr)]
     # Skip the first 3 intervals (2 s each): graph optimisation, the first checkpoint and the
     # input pipeline's warm-up.
@@ -87,23 +92,33 @@ def main() -> None:
     parser.add_argument("--no-keras", action="store_true", help="leave out the Keras peer")
     parser.add_argument("--torch-python", help="a Python with torch 2.13 for the PyTorch peer")
     parser.add_argument("--extra", default="", help="more trainer flags, e.g. '--xla'")
+    parser.add_argument("--pythons", default=sys.executable,
+                        help="comma-separated interpreters, each with the package and a "
+                             "TensorFlow release: ours and the Keras peer run under each")
     args = parser.parse_args()
     print_machine_line()
+    pythons = args.pythons.split(",")
+    labels = {python: (f"TF {tensorflow_version(python)} " if len(pythons) > 1 else "")
+              for python in pythons}
 
     work = tempfile.mkdtemp(prefix="c10bench.")
     data_dir = make_sample_records(work)
     rows = []
     for depth in map(int, args.depths.split(",")):
-        contenders = {f"cifar10_estimator {p}": (lambda p=p: ours(
-            data_dir, work, depth, args.steps, ["--precision", p, *args.extra.split()]))
-            for p in args.precisions.split(",")}
+        contenders = {}
+        for python, label in labels.items():
+            for p in args.precisions.split(","):
+                contenders[f"{label}cifar10_estimator {p}"] = lambda p=p, py=python: ours(
+                    data_dir, work, depth, args.steps, ["--precision", p, *args.extra.split()],
+                    py)
         for p in args.precisions.split(","):
             if p == "auto":
                 continue  # peers have no auto
             common = ["--depth", str(depth), "--seconds", str(args.seconds), "--precision", p]
             if not args.no_keras:
-                contenders[f"keras model.fit {p}"] = lambda c=common: peer(
-                    [sys.executable, KERAS_PEER, *c])
+                for python, label in labels.items():
+                    contenders[f"{label}keras model.fit {p}"] = lambda c=common, py=python: peer(
+                        [py, KERAS_PEER, *c])
             if args.torch_python:
                 contenders[f"pytorch channels_last {p}"] = lambda c=common: peer(
                     [args.torch_python, TORCH_PEER, "--memory-format", "channels_last", *c])
@@ -115,25 +130,37 @@ def main() -> None:
                       file=sys.stderr, flush=True)
         for name, values in results.items():
             precision = name.rsplit(" ", 1)[1]
+            # The release's own label (or none): its peers, and the PyTorch peer's.
+            label = name[:name.index("cifar10_estimator")] if "cifar10_estimator" in name \
+                else name[:name.index("keras")] if "keras" in name else ""
             best_peer = max((statistics.median(v) for k, v in results.items()
-                             if not k.startswith("cifar10_estimator")
-                             and k.endswith(" " + precision)), default=None)
+                             if "cifar10_estimator" not in k and k.endswith(" " + precision)
+                             and (k.startswith(label + "keras") or k.startswith("pytorch"))),
+                            default=None)
             median = statistics.median(values)
             ratio = f"{median / best_peer:.2f}x" if best_peer else "-"
             if name.endswith(" auto"):
                 fixed = [statistics.median(v) for k, v in results.items()
-                         if k.startswith("cifar10_estimator") and not k.endswith(" auto")]
+                         if k.startswith(label + "cifar10_estimator")
+                         and not k.endswith(" auto")]
                 ratio = f"{median / max(fixed):.2f}x fastest" if fixed else "-"
             rows.append((f"ResNet-{depth}", name, median, min(values), max(values), ratio))
 
-    print(f"\n{'model':<10} {'trainer':<28} {'median':>8} {'min':>7} {'max':>7} {'vs best peer':>12}")
+    print(f"\n{'model':<10} {'trainer':<38} {'median':>8} {'min':>7} {'max':>7} {'vs best peer':>12}")
     for model, name, median, lo, hi, ratio in rows:
-        print(f"{model:<10} {name:<28} {median:>8.0f} {lo:>7.0f} {hi:>7.0f} {ratio:>12}")
+        print(f"{model:<10} {name:<38} {median:>8.0f} {lo:>7.0f} {hi:>7.0f} {ratio:>12}")
     print(f"(images/s, batch 128, {args.runs} alternating runs, machine: {os.cpu_count()} cores; "
           f"'vs best peer': against the fastest peer at the same precision; for auto: against "
           f"the faster of our fp32 and bf16)")
-    for depth, picks in auto_picks.items():
-        print(f"ResNet-{depth} auto picked, run by run: {'; '.join(picks)}")
+    for (python, depth), picks in auto_picks.items():
+        print(f"ResNet-{depth} {labels[python]}auto picked, run by run: {'; '.join(picks)}")
+
+
+def tensorflow_version(python: str) -> str:
+    """The TensorFlow release installed for ``python``, read from its metadata (no import)."""
+    return subprocess.run([python, "-c", "import importlib.metadata as m; "
+                           "print(m.version('tensorflow'))"], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 if __name__ == "__main__":
