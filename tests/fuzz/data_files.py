@@ -26,6 +26,7 @@ import functools
 import gzip
 import bz2
 import hashlib
+import importlib
 import io
 import json
 import lzma
@@ -394,9 +395,12 @@ def _pickle_cases() -> st.SearchStrategy:
     )
 
 
-# numpy's own _frombuffer, as it was before any case ran: NumPy 2 moved it (numpy._core) and
-# gave it a default argument (None, for ``like``), NumPy 1 has none.
-_FROMBUFFER = (getattr(np, "_core", None) or np.core).numeric._frombuffer
+# numpy's own _frombuffer, as it was before any case ran: NumPy 2 moved it to numpy._core
+# (NumPy 1.26 has a numpy._core too, without it) and gave it a default argument (None, for
+# ``like``); NumPy 1's has none.
+_FROMBUFFER = importlib.import_module(
+    "numpy._core.numeric" if int(np.__version__.split(".")[0]) >= 2 else "numpy.core.numeric"
+)._frombuffer
 _FROMBUFFER_DEFAULTS = _FROMBUFFER.__defaults__
 
 
