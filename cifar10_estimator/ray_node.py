@@ -9,7 +9,6 @@ It is a program of its own, on the node, like a command: it reads the node's env
 import collections
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -105,8 +104,3 @@ class TaskRunner:
                 os.killpg(self._process.pid, signum)
             except ProcessLookupError:
                 pass
-
-    def kill_trainer(self) -> int:
-        """SIGKILL to the trainer alone, as a lost process (for tests); returns its pid."""
-        os.kill(self._process.pid, signal.SIGKILL)
-        return self._process.pid

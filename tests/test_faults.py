@@ -21,21 +21,11 @@ from cifar10_estimator import train
 from cifar10_estimator.data import metadata, schema, writer
 from cifar10_estimator.jobdir import lock as job_lock
 from conftest import md5, run_generator_cli
-from trainer_fixtures import (Trainer, bomb_png, checkpoint_step, run_concurrently, run_module,
-                              trainer_args)
+from trainer_fixtures import (Trainer, bomb_png, checkpoint_step, one_line_error,
+                              run_concurrently, run_module, trainer_args)
 import test_job_dir
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
-
-
-def _one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
-    """Asserts a user-error exit: status 2, no traceback, last line names every fragment."""
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    for fragment in fragments:
-        assert fragment in last, last
-    return last
 
 
 def _copy_records(tiny_records, tmp_path) -> str:
@@ -111,7 +101,7 @@ def test_corrupt_training_records_name_the_file(tiny_records, tmp_path):
                    "source": "test", "label_names": list(schema.CLASS_NAMES)}, f)
     proc = run_module("cifar10_estimator",
                       *trainer_args(data_dir, tmp_path / "job", "--train-steps", "5"))
-    _one_line_error(proc, f"{path} is truncated or corrupt", "generate_tfrecords.py")
+    one_line_error(proc, f"{path} is truncated or corrupt", "generate_tfrecords.py")
 
 
 @pytest.mark.slow
@@ -122,7 +112,7 @@ def test_truncated_eval_records_name_the_file(tiny_records, tmp_path):
         f.truncate(os.path.getsize(path) - 100)
     proc = run_module("cifar10_estimator",
                       *trainer_args(data_dir, tmp_path / "job", "--train-steps", "3"))
-    _one_line_error(proc, f"{path} is truncated or corrupt")
+    one_line_error(proc, f"{path} is truncated or corrupt")
 
 
 @pytest.mark.slow
@@ -132,7 +122,7 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_records
     proc = run_module("cifar10_estimator", *trainer_args(
         data_dir, job_dir, "--learning-rate", "1e30", "--train-steps", "200",
         "--save-checkpoints-steps", "1"))
-    _one_line_error(proc, "the loss became NaN or infinite", "--learning-rate")
+    one_line_error(proc, "the loss became NaN or infinite", "--learning-rate")
     latest = tf.train.latest_checkpoint(job_dir)
     assert latest and latest in proc.stderr.strip().splitlines()[-1]
     reader = tf.train.load_checkpoint(latest)
@@ -155,7 +145,7 @@ def test_unusable_job_dir_is_a_clear_error(tiny_records, tmp_path):
     blocker.write_text("not a folder")
     proc = run_module("cifar10_estimator",
                       *trainer_args(data_dir, blocker / "job", "--train-steps", "2"))
-    _one_line_error(proc, f"--job-dir {blocker / 'job'} is not a writable folder")
+    one_line_error(proc, f"--job-dir {blocker / 'job'} is not a writable folder")
 
 
 def _limit_file_size():
@@ -175,7 +165,7 @@ def test_disk_full_during_export_leaves_no_export_that_looks_complete(tiny_recor
     shutil.rmtree(tmp_path / "export")
     proc = subprocess.run([sys.executable, "-m", "cifar10_estimator", *flags], cwd=tmp_path,
                           capture_output=True, text=True, preexec_fn=_limit_file_size)
-    _one_line_error(proc, f"cannot write the SavedModel under {tmp_path / 'export'}")
+    one_line_error(proc, f"cannot write the SavedModel under {tmp_path / 'export'}")
     assert os.listdir(tmp_path / "export") == []
 
 
@@ -202,17 +192,17 @@ def test_predict_handles_odd_images_and_refuses_bad_input(tiny_export, tmp_path)
         predict(job_dir, gray), predict(export, tmp_path / "missing.png"))
     assert ok.returncode == 0, ok.stderr
     assert [line.split(":")[0] for line in ok.stdout.splitlines()] == [str(gray), str(rgba)]
-    _one_line_error(not_an_image, f"{text} is not a readable PNG, JPEG, GIF or BMP image")
-    _one_line_error(bomb, f"{huge} is too large to decode safely (Image size (3600000000 pixels)")
-    _one_line_error(no_saved_model, f"{job_dir} is not a SavedModel folder")
-    _one_line_error(missing, "cannot read image")
+    one_line_error(not_an_image, f"{text} is not a readable PNG, JPEG, GIF or BMP image")
+    one_line_error(bomb, f"{huge} is too large to decode safely (Image size (3600000000 pixels)")
+    one_line_error(no_saved_model, f"{job_dir} is not a SavedModel folder")
+    one_line_error(missing, "cannot read image")
 
 
 def test_generator_refuses_a_tarball_missing_a_batch(tmp_path, make_cifar_tarball):
     archive, _ = make_cifar_tarball(skip=("data_batch_3",))
     (tmp_path / "cifar-10-python.tar.gz").write_bytes(archive)
     proc = run_generator_cli("--data-dir", str(tmp_path), "--source-md5", md5(archive))
-    _one_line_error(proc, "data_batch_3")
+    one_line_error(proc, "data_batch_3")
     assert not list(tmp_path.glob("*.tfrecords"))
 
 

@@ -30,9 +30,9 @@ from cifar10_estimator import storage, train
 from cifar10_estimator.distributed import allreduce
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
-from cluster_fixtures import RAN, RATE, run_cluster, task_lines
-from trainer_fixtures import (HAS_S3, NEEDS_S3, Trainer, run_concurrently, run_module,
-                              trainer_args, trainer_env, work_dir)
+from cluster_fixtures import RAN, RATE, free_ports, run_cluster, task_lines
+from trainer_fixtures import (HAS_S3, NEEDS_S3, Trainer, one_line_error, run_concurrently,
+                              run_module, trainer_args, trainer_env, work_dir)
 
 
 # Where tensorflow-io's S3 client keeps a local copy of each file open for writing: /tmp,
@@ -111,12 +111,6 @@ def test_a_job_dir_on_ram_trains_resumes_exports_and_reruns_as_on_a_disk(tiny_re
 
 # --- s3:// against a real S3-protocol server ------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_until_answers(url: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -131,7 +125,7 @@ def _wait_until_answers(url: str, timeout: float = 60) -> None:
 def _start_moto(tmp_path_factory, env_extra: dict | None = None):
     """moto's S3 server on 127.0.0.1, answering: its process and endpoint URL."""
     pytest.importorskip("moto", reason="the test extra installs moto")
-    port = _free_port()
+    port = free_ports(1)[0]
     log = tmp_path_factory.mktemp("moto") / "server.log"
     with open(log, "w") as out:
         server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
@@ -228,14 +222,6 @@ def shared_store(request, tmp_path) -> Store:
                  lambda folder, prefix: shutil.copytree(folder, root / prefix) and None)
 
 
-def _one_line_error(proc, expected: str) -> str:
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert expected in last, last
-    return last
-
-
 S3_RUN = ["--eval-throttle-secs", "100000", "--precise-bn-batches", "0"]
 
 
@@ -245,7 +231,7 @@ def test_without_tensorflow_io_an_s3_path_is_refused_in_one_line_naming_the_pair
     data_dir, _ = tiny_records
     done = run_module("cifar10_estimator", *trainer_args(data_dir, "s3://bucket/job",
                                                          "--train-steps", "2"))
-    line = _one_line_error(done, "s3://bucket/job: s3:// paths need tensorflow-io, which works "
+    line = one_line_error(done, "s3://bucket/job: s3:// paths need tensorflow-io, which works "
                                  f"with {storage.TFIO_PAIR}; this is TensorFlow {tf.__version__}"
                                  f" on Python {sys.version_info.major}.{sys.version_info.minor}")
     assert line.endswith("install that pair with pip install '.[s3]' on Python 3.11 "
@@ -277,7 +263,7 @@ def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bu
         second = run_module("cifar10_estimator", *trainer_args(data_dir, job_dir, *S3_RUN,
                                                                "--train-steps", "3"),
                             env_extra=env)
-        _one_line_error(second, f"--job-dir {job_dir} is in use by another trainer "
+        one_line_error(second, f"--job-dir {job_dir} is in use by another trainer "
                                 f"(pid {trainer.process.pid} on ")
         trainer.process.send_signal(signal.SIGTERM)
         assert trainer.finish(120) == 143, trainer.text()[-3000:]
@@ -317,7 +303,7 @@ def test_records_training_sigterm_resume_export_evaluate_and_predict_all_in_a_bu
     assert tensorboard[1] == job_dir
 
     def tensorboard_tags() -> dict:
-        port = _free_port()
+        port = free_ports(1)[0]
         server = subprocess.Popen([tensorboard[0], "--logdir", job_dir, "--port", str(port),
                                    "--host", "127.0.0.1", "--load_fast", "false"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -387,7 +373,7 @@ def test_wrong_credentials_are_one_line_and_the_right_ones_write(s3_server_with_
     env = {**_s3_env(endpoint), "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": "wrong"}
     refused = run_module("cifar10_estimator.generate", "--data-dir", str(tmp_path / "cifar"),
                          "--output-dir", "s3://keyed/data", env_extra=env)
-    _one_line_error(refused, "--output-dir s3://keyed/data is not a writable folder (")
+    one_line_error(refused, "--output-dir s3://keyed/data is not a writable folder (")
     assert "SignatureDoesNotMatch" in refused.stderr.strip().splitlines()[-1]
     env["AWS_SECRET_ACCESS_KEY"] = secret
     made = run_module("cifar10_estimator.generate", "--data-dir", str(tmp_path / "cifar"),
@@ -401,7 +387,7 @@ def test_a_missing_bucket_or_a_server_that_does_not_answer_is_one_line(
         s3_server, tiny_records, tmp_path):
     data_dir, _ = tiny_records
     missing = f"s3://no-such-{uuid.uuid4().hex[:8]}/job"
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_ports(1)[0]}"
     # Each trainer in a process of its own, at once.
     no_bucket, no_server = run_concurrently(
         lambda: run_module("cifar10_estimator", *trainer_args(data_dir, missing,
@@ -410,9 +396,9 @@ def test_a_missing_bucket_or_a_server_that_does_not_answer_is_one_line(
         lambda: run_module("cifar10_estimator", *trainer_args(data_dir, "s3://any/job",
                                                               "--train-steps", "2"),
                            env_extra={**_s3_env(closed), **_FAIL_FAST}))
-    _one_line_error(no_bucket, f"--job-dir {missing}: the bucket s3://{missing[5:].split('/')[0]}/ "
+    one_line_error(no_bucket, f"--job-dir {missing}: the bucket s3://{missing[5:].split('/')[0]}/ "
                                f"does not exist or these credentials cannot see it; check that")
-    _one_line_error(no_server, "(curlCode: 7, Couldn't connect to server); check that the bucket "
+    one_line_error(no_server, "(curlCode: 7, Couldn't connect to server); check that the bucket "
                                "exists and that S3_ENDPOINT")
     assert not os.path.exists(os.path.join(work_dir(), "s3:"))  # never a local folder
 
@@ -426,7 +412,7 @@ class _Relay:
     def __init__(self, target_port: int, put_delay: float = 0.0):
         self.target_port = target_port
         self.put_delay = put_delay
-        self.port = _free_port()
+        self.port = free_ports(1)[0]
         self._listener = None
         self._connections: list[socket.socket] = []
 

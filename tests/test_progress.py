@@ -4,7 +4,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from cifar10_estimator import train
 from cifar10_estimator.model import confusion_image, model_fn
 from cifar10_estimator.training import progress
 from cifar10_estimator.evaluation import report
+from cluster_fixtures import free_ports
 from trainer_fixtures import trainer_args
 
 
@@ -86,12 +86,6 @@ def test_the_hook_logs_by_wall_time_and_counts_the_eta_from_a_resumed_start(capl
                for r in caplog.records)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.load(response)
@@ -110,7 +104,7 @@ def watched_run(tiny_records, tmp_path_factory):
 @pytest.mark.slow
 def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run, tmp_path):
     job_dir, _ = watched_run
-    port = _free_port()
+    port = free_ports(1)[0]
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     server = subprocess.Popen([tensorboard, "--logdir", job_dir, "--port", str(port),
                                "--host", "127.0.0.1", "--load_fast", "false"],

@@ -253,6 +253,17 @@ def without_cpp_log(text: str) -> str:
                    if not CPP_LOG_LINE.match(line))
 
 
+def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Asserts a user-error exit: status 2, no traceback, a last line on stderr naming every
+    fragment; returns that line."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    for fragment in fragments:
+        assert fragment in last, last
+    return last
+
+
 def last_line(text: str) -> str:
     """The last line of a command's output (its error line, when it failed)."""
     return text.strip().splitlines()[-1]

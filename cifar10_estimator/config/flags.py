@@ -23,7 +23,6 @@ from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.errors import UserError
 
 MODULE = "cifar10_estimator"
-PROG = f"python -m {MODULE}"
 _TRUE = {"1", "true", "yes", "on", "t", "y"}
 _FALSE = {"0", "false", "no", "off", "f", "n"}
 
