@@ -21,7 +21,7 @@ and each trainer's ratio is taken against the peers of its own release.
 
     python benchmarks/train_throughput.py --depths 20,44 --runs 3
     python benchmarks/train_throughput.py --torch-python /tmp/torch-venv/bin/python
-    python benchmarks/train_throughput.py --depths 20 --pythons /tmp/tf215/bin/python,/tmp/tf221/bin/python
+    python benchmarks/train_throughput.py --depths 20 --pythons TF215/bin/python,TF221/bin/python
 
 For the PyTorch peer: ``python3.11 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install
 torch==2.13.0 numpy`` (that exact pin takes the CPU wheel; an unpinned torch pulls GBs of CUDA).

@@ -3,9 +3,10 @@
 TensorFlow with Estimator prints pages that bury the training log: C++ notices while it
 loads (oneDNN, CPU features, and three harmless "Unable to register cuDNN/cuFFT/cuBLAS factory"
 errors of the CPU wheel, tensorflow/tensorflow#62075; from 2.16 on, the CUDA wheel's "failed
-call to cuInit" on a machine without a GPU driver, when it first lists devices), a deprecation notice for nearly every
-``tf.compat.v1`` call, and dozens of INFO lines about graphs, hooks and sessions. Command lines
-call ``import_tensorflow_quietly`` before anything imports TensorFlow, and ``setup_logging``:
+call to cuInit" on a machine without a GPU driver, when it first lists devices), a deprecation
+notice for nearly every ``tf.compat.v1`` call, and dozens of INFO lines about graphs, hooks and
+sessions. Command lines call ``import_tensorflow_quietly`` before anything imports TensorFlow,
+and ``setup_logging``:
 
 - the package's own lines (progress, evaluations, reports) are all shown;
 - of TensorFlow's, warnings and errors are shown, except deprecation notices, recognised by
