@@ -7,8 +7,8 @@
   examples at the end; ``--version``.
 - ``@FILE`` reads flags from a file: one or more per line, quoted as in a shell, ``#`` starts a
   comment. Flags after it on the command line win over the file's. A file that includes
-  itself, or a pipe, socket or device in its place, is refused (``open_regular``, the one way
-  the package opens a local file it reads: ``storage.open_regular``).
+  itself, or a pipe, socket or device in its place, is refused (``storage.open_regular``, the
+  one way the package opens a local file it reads).
 - No abbreviations: ``--num-l`` is not ``--num-layers``, so a flag added later cannot change
   what an old command line means.
 - A bad command line gets one line, not the usage: ``<name>: error: <what>; see --help``, with
@@ -19,14 +19,12 @@ No TensorFlow here: command lines are parsed before it loads.
 
 import argparse
 import difflib
-import errno
 import os
 import re
 import shlex
-import stat
 import sys
 import textwrap
-from typing import IO, Sequence
+from typing import Sequence
 
 from cifar10_estimator import __version__
 
@@ -35,49 +33,6 @@ GENERATOR_SCRIPT = "generate_tfrecords.py"
 HELP_WIDTH = 79
 # @FILEs read for one command line, nested ones included: more is a loop of inclusions.
 MAX_FLAG_FILES = 1000
-
-
-def open_regular(path: str, mode: str = "rb", **kwargs) -> IO:
-    """Opens local ``path`` for reading, as ``open(path, mode)`` does, unless it is a pipe
-    (FIFO), a socket or a device: those raise ``OSError`` ("not a regular file but a FIFO")
-    at once, where ``open`` would wait forever for a FIFO's writer or read a device without
-    end (``/dev/zero``). A folder raises ``IsADirectoryError``, as ``open`` does.
-
-    This is ``storage.open_regular``, the package's one way to open a local file it reads. It
-    is written here because flag files are read here, and this module cannot import
-    ``storage`` (``storage`` imports ``errors``, which imports this module: a cycle).
-
-    The ``stat`` first keeps devices from being opened at all (opening some acts: a tape
-    rewinds, a modem line hangs up). It cannot stand alone: the name can be swapped for a
-    FIFO between the ``stat`` and the ``open``. So the file is opened with ``O_NONBLOCK``,
-    under which opening a FIFO returns at once (POSIX open(2)), and what was really opened is
-    checked with ``fstat``; only a regular file is handed back, blocking as usual.
-    """
-    if mode not in ("r", "rb", "rt"):
-        raise ValueError(f"open_regular reads; mode {mode!r} is not a read mode")
-    _refuse_unless_regular(os.stat(path).st_mode, path)  # missing, ...: as open() raises
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        _refuse_unless_regular(os.fstat(fd).st_mode, path)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-_SPECIAL_FILES = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
-                  (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
-
-
-def _refuse_unless_regular(mode: int, path: str) -> None:
-    """Raises ``OSError`` unless ``mode`` (``st_mode``) is a regular file's."""
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
-    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "special file")
-    raise OSError(errno.EINVAL, f"not a regular file but a {kind}", path)
 
 
 def invoked_as(module: str) -> str:
@@ -179,6 +134,10 @@ class Parser(argparse.ArgumentParser):
             if self._flag_files_read > MAX_FLAG_FILES:
                 self.error(f"the flag file {name}: flag files were read more than "
                            f"{MAX_FLAG_FILES} times for one command line; include each once")
+            # Imported when a flag file is read, not at the top: storage's modules import
+            # errors, which imports this module.
+            from cifar10_estimator.storage.local import open_regular
+
             try:
                 with open_regular(name, "r") as file:
                     lines = file.read().splitlines()

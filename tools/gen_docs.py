@@ -252,9 +252,10 @@ def render_jobdir_files() -> str:
                           ".<version>.tmp")
     stale = built_in(f"{PACKAGE}.jobdir.lock", 'f"{self.path}.stale-{os.getpid()}"',
                      f"{lock}.stale-<pid>")
-    probe = built_in(f"{PACKAGE}.storage.files", 'f".write-test-{os.getpid()}"',
+    probe = built_in(f"{PACKAGE}.storage.access", 'f".write-test-{os.getpid()}"',
                      ".write-test-<pid>")
-    atomic = built_in(f"{PACKAGE}.storage.files", 'prefix=f".{os.path.basename(final_path)}."',
+    atomic = built_in(f"{PACKAGE}.storage.atomic",
+                      'prefix=f".{os.path.basename(final_path)}."',
                       ".NAME.*.tmp")
     secs = fields.shown(settings.ESTIMATOR_SECS)
     keep = _FIELDS["keep_checkpoint_max"].default
