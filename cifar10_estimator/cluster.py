@@ -3,10 +3,11 @@
     python -m cifar10_estimator.cluster --num-workers 2 --num-ps 1 --evaluator -- \\
         --data-dir DATA --job-dir JOB --train-steps 1000
 
-starts a whole TensorFlow cluster on this host (``distributed.launcher``): every task runs the
-trainer with everything after ``--`` and its own ``TF_CONFIG``, in a network namespace of their
-own where it can (``--network``). Exits 0 when training finished, 1 when a task failed, 130 when
-interrupted (Ctrl-C or SIGTERM).
+starts a whole TensorFlow cluster on this host (``distributed.layout`` lays it out,
+``distributed.local_launcher`` runs it): every task runs the trainer with everything after
+``--`` and its own ``TF_CONFIG``, in a network namespace of their own where it can
+(``--network``). Exits 0 when training finished, 1 when a task failed, 130 when interrupted
+(Ctrl-C or SIGTERM).
 """
 
 import os
@@ -18,8 +19,8 @@ from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
-from cifar10_estimator.distributed import launcher
-from cifar10_estimator.distributed.launcher import Cluster, plan
+from cifar10_estimator.distributed import layout
+from cifar10_estimator.distributed.local_launcher import Cluster
 
 MODULE = "cifar10_estimator.cluster"
 
@@ -49,7 +50,7 @@ def build_parser() -> cli.Parser:
     parser.add_argument("--evaluator", action="store_true",
                         help="add an evaluator task that evaluates each new checkpoint")
     parser.add_argument(
-        "--network", choices=launcher.NETWORKS, default=launcher.AUTO,
+        "--network", choices=layout.NETWORKS, default=layout.AUTO,
         help="where the tasks' ports are. private: a network namespace of the tasks' own "
              "(Linux: as root, or as a user where unprivileged user namespaces are enabled), "
              "which other hosts and this host's other processes cannot reach; it fails if "
@@ -120,10 +121,10 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
              "--export-dir": parsed.export_dir}
     if args.ray is not None:
         return _run_on_ray(args, num_ps, trainer_args, paths, out, parsed.num_gpus)
-    network = launcher.choose_network(args.network, paths, args.host, os.geteuid(),
-                                      os.getegid())
+    network = layout.choose_network(args.network, paths, args.host, os.geteuid(),
+                                    os.getegid())
     try:
-        tasks = plan(args.num_workers, num_ps, args.evaluator, args.host, network)
+        tasks = layout.lay_out(args.num_workers, num_ps, args.evaluator, args.host, network)
         cluster = Cluster(tasks, trainer_args, os.environ, out=out, network=network)
         # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
@@ -137,7 +138,7 @@ def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: Te
     from cifar10_estimator.distributed import ray_launcher
     from cifar10_estimator.ray_node import TaskRunner
 
-    if args.network == launcher.PRIVATE:
+    if args.network == layout.PRIVATE:
         raise UserError("--network private: the tasks of --ray run on the Ray nodes' own "
                         "networks; leave --network out")
     if args.cpus_per_task < 0 or args.gpus_per_task < 0:

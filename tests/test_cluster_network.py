@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from cifar10_estimator.distributed import launcher
+from cifar10_estimator.distributed import layout
 from cifar10_estimator.errors import UserError
 from cluster_fixtures import frozen
 from trainer_fixtures import REPO, run_module, trainer_args, wait_until
@@ -115,8 +115,8 @@ def check_host_network_first_line(text: str) -> None:
 
 def test_a_url_the_tasks_must_reach_keeps_this_hosts_network_and_says_why():
     paths = {"--data-dir": "data", "--job-dir": "s3://bucket/job", "--export-dir": None}
-    network = launcher.choose_network(launcher.AUTO, paths, "127.0.0.1", os.geteuid(),
-                                      os.getegid())
+    network = layout.choose_network(layout.AUTO, paths, "127.0.0.1", os.geteuid(),
+                                    os.getegid())
     assert network.namespace is None
     line = network.line(["127.0.0.1:5000"])
     assert line.startswith("network: this host's (--job-dir s3://bucket/job is reached over "
@@ -124,17 +124,17 @@ def test_a_url_the_tasks_must_reach_keeps_this_hosts_network_and_says_why():
                            "listen on every interface of this host (0.0.0.0, ports 5000)")
     with pytest.raises(UserError, match=r"^--network private: the tasks must reach --job-dir "
                                         r"s3://bucket/job over the network"):
-        launcher.choose_network(launcher.PRIVATE, paths, "127.0.0.1", 0, 0)
+        layout.choose_network(layout.PRIVATE, paths, "127.0.0.1", 0, 0)
     # ram:// lives in each process's memory: no network needed.
-    assert launcher.choose_network(launcher.HOST, {"--job-dir": "ram://j"}, "127.0.0.1", 0,
-                                   0).why_host == "--network host"
+    assert layout.choose_network(layout.HOST, {"--job-dir": "ram://j"}, "127.0.0.1", 0,
+                                 0).why_host == "--network host"
 
 
 def test_a_private_namespace_has_only_a_loopback_address():
     with pytest.raises(UserError, match=r"^--host 10\.0\.0\.1: a private network namespace "
                                         r"has only a loopback interface"):
-        launcher.choose_network(launcher.PRIVATE, {}, "10.0.0.1", 0, 0)
-    network = launcher.choose_network(launcher.AUTO, {}, "10.0.0.1", 0, 0)
+        layout.choose_network(layout.PRIVATE, {}, "10.0.0.1", 0, 0)
+    network = layout.choose_network(layout.AUTO, {}, "10.0.0.1", 0, 0)
     assert network.namespace is None
     assert network.why_host == "--host 10.0.0.1 is no loopback address"
 

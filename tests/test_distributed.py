@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from cifar10_estimator.data import schema
 from cifar10_estimator.config import plan
-from cifar10_estimator.distributed import launcher
+from cifar10_estimator.distributed import layout
 from cifar10_estimator.config.settings import TrainConfig
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports,
                               frozen_holder, local_spec, one, run_cluster, task_lines, tf_config)
@@ -273,7 +273,7 @@ def test_the_launcher_stops_every_task_and_fails_when_one_task_fails(tmp_path):
 
 
 def test_cluster_layout_counts_the_chief_among_the_workers():
-    tasks = launcher.plan(num_workers=3, num_ps=2, evaluator=True)
+    tasks = layout.lay_out(num_workers=3, num_ps=2, evaluator=True)
     assert [t.name for t in tasks] == ["ps0", "ps1", "chief", "worker0", "worker1", "evaluator"]
     import json
     spec = json.loads(tasks[0].tf_config)["cluster"]

@@ -1,7 +1,7 @@
 """A training cluster on a Ray cluster's nodes: ``cifar10-cluster --ray ADDRESS``.
 
-The same roles, ``TF_CONFIG`` values, output and rules as the local launcher (``launcher``), with
-Ray placing the tasks:
+The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local launcher
+(``local_launcher``), with Ray placing the tasks:
 
 - One Ray actor per task (chief, workers, parameter servers, evaluator), spread over the nodes,
   with the CPUs and GPUs asked for (``--cpus-per-task``, ``--gpus-per-task``; a parameter
@@ -12,7 +12,7 @@ Ray placing the tasks:
   node's environment and the launcher's own storage, TensorFlow, CUDA and NCCL variables
   (``FORWARDED_PREFIXES``: the bucket's endpoint and keys travel with the job). Their output
   comes back with the task's prefix, ``[chief] ...``.
-- The ending and restart rules are the local launcher's (``launcher.Cluster``, of which
+- The ending and restart rules are the local launcher's (``local_launcher.Cluster``, of which
   ``RayCluster`` is a kind): a trainer that a signal stopped, or that was killed, is started
   again in its actor, on the same node and port, and resumes from the latest checkpoint; a task
   that failed stops the job; the job ends when the chief, the workers and the evaluator have
@@ -36,7 +36,7 @@ from typing import Mapping, Optional, Sequence, TextIO
 
 from cifar10_estimator import storage
 from cifar10_estimator.data.metadata import METADATA_FILENAME
-from cifar10_estimator.distributed import launcher
+from cifar10_estimator.distributed import layout, local_launcher
 from cifar10_estimator.errors import UserError
 
 # The launcher's variables every task gets, whatever its node's environment: storage (S3's
@@ -161,7 +161,7 @@ class RayProcess:
 
 
 class RayNetwork:
-    """The local launcher's ``Network``, for tasks on Ray nodes: their nodes' own."""
+    """``layout.Network``, for tasks on Ray nodes: their nodes' own."""
 
     namespace = None
 
@@ -176,11 +176,11 @@ class RayNetwork:
 
 
 def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: float,
-          gpus: float) -> tuple[list[launcher.Task], dict[str, Placed]]:
+          gpus: float) -> tuple[list[layout.Task], dict[str, Placed]]:
     """Starts one actor per task, spread over the nodes, each holding a port: the tasks with
     their TF_CONFIG, and each task's actor by name."""
     ray = _ray()
-    launcher.check_sizes(num_workers, num_ps)
+    layout.check_sizes(num_workers, num_ps)
     remote = ray.remote(runner_class)
 
     def actor(task_cpus: float, task_gpus: float):
@@ -202,13 +202,13 @@ def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: fl
                         f"{total.get('GPU', 0):g} GPUs, the tasks ask for {cpus:g} CPUs and "
                         f"{gpus:g} GPUs each (parameter servers none); use --cpus-per-task or "
                         f"fewer tasks") from None
-    placed = {launcher.task_name(kind, i): Placed(a, f"{ip}:{port}", node)
+    placed = {layout.task_name(kind, i): Placed(a, f"{ip}:{port}", node)
               for (kind, i), a, (ip, port, node) in zip(roles, actors, reserved)}
-    trainers = [placed[launcher.task_name(k, i)].address for k, i in roles if k != "ps"
+    trainers = [placed[layout.task_name(k, i)].address for k, i in roles if k != "ps"
                 and k != "evaluator"]
-    ps = [placed[launcher.task_name("ps", i)].address for i in range(num_ps)]
-    cluster = launcher.cluster_of(num_workers, num_ps, trainers + ps)
-    return launcher.tasks_of(cluster, evaluator), placed
+    ps = [placed[layout.task_name("ps", i)].address for i in range(num_ps)]
+    cluster = layout.cluster_of(num_workers, num_ps, trainers + ps)
+    return layout.tasks_of(cluster, evaluator), placed
 
 
 def check_shared(paths: Mapping[str, Optional[str]], placed: Mapping[str, Placed]) -> None:
@@ -247,21 +247,21 @@ def _refuse_unseen(flag: str, path: str, placed: Mapping[str, Placed], seen: Seq
                         f"folder every node mounts at the same path")
 
 
-class RayCluster(launcher.Cluster):
+class RayCluster(local_launcher.Cluster):
     """The local launcher's supervision of tasks that run on Ray nodes."""
 
-    def __init__(self, tasks: Sequence[launcher.Task], placed: Mapping[str, Placed],
+    def __init__(self, tasks: Sequence[layout.Task], placed: Mapping[str, Placed],
                  trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO):
         super().__init__(tasks, trainer_args, forwarded(env), out=out, network=RayNetwork())
         self.placed = dict(placed)
 
-    def _spawn(self, task: launcher.Task) -> RayProcess:
+    def _spawn(self, task: layout.Task) -> RayProcess:
         actor = self.placed[task.name].actor
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
         pid = _ray().get(actor.start.remote(self.trainer_args, env))
         return RayProcess(actor, pid)
 
-    def _where(self, task: launcher.Task) -> str:
+    def _where(self, task: layout.Task) -> str:
         return f" on {self.placed[task.name].address.rpartition(':')[0]}"
 
     def close(self) -> None:
