@@ -136,7 +136,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
 def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: TextIO,
                 num_gpus: int) -> int:
     from cifar10_estimator.distributed import ray_launcher
-    from cifar10_estimator.ray_node import TaskRunner
+    from cifar10_estimator.distributed.ray_node import TaskRunner
 
     if args.network == layout.PRIVATE:
         raise UserError("--network private: the tasks of --ray run on the Ray nodes' own "

@@ -1,9 +1,11 @@
 """What each task's Ray actor runs on its node for ``cifar10-cluster --ray``
-(``distributed.ray_launcher``): it holds the task's port until the trainer starts, starts
-the trainer process with the node's environment plus what the launcher sends, and hands its
-output, its exit status and signals across.
+(``ray_launcher``): it holds the task's port until the trainer starts, starts the trainer
+process with the node's environment plus what the launcher sends, and hands its output, its
+exit status and signals across.
 
-It is a program of its own, on the node, like a command: it reads the node's environment.
+The trainer inherits the actor's environment, which is its node's (with what Ray sets for the
+actor, such as ``OMP_NUM_THREADS``); ``env`` (POSIX's utility) adds the launcher's variables on
+top, so nothing here reads the environment itself (docs/architecture.md).
 """
 
 import collections
@@ -20,6 +22,9 @@ from typing import Optional
 # the actor holds it bound until it starts the trainer. TensorFlow's gRPC server turns
 # SO_REUSEPORT off, so the actor lets go just before the trainer binds.
 PORT_RANGE = (20000, 32767)
+# POSIX's env utility, by the path every Linux and macOS has it at, found without the node's
+# PATH.
+ENV = "/usr/bin/env"
 
 
 class TaskRunner:
@@ -65,7 +70,10 @@ class TaskRunner:
         self._lines.clear()
         self._release()  # the trainer binds it now
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "cifar10_estimator", *args], env={**os.environ, **env},
+            # env(1) sets ``env`` on top of the environment it inherits from this actor, then
+            # execs the trainer in its own place: the pid and the signals are the trainer's.
+            [ENV, "--", *(f"{name}={value}" for name, value in env.items()),
+             sys.executable, "-m", "cifar10_estimator", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
         self._reader = threading.Thread(target=self._read, args=(self._process,), daemon=True)
