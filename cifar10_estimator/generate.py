@@ -136,14 +136,15 @@ def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     prepare_process(os.environ)  # before TensorFlow loads (only for what needs it, below)
     _refuse_combinations(args)
-    started = time.monotonic()
-    source = _load(args)
-    # Only now, with the input known good, load TensorFlow: its C++ log level must be set
-    # before its first import (keeping a level the user chose).
-    logs.import_tensorflow_quietly()
-    output_dir = args.output_dir or args.data_dir
-    counts = writer.write_tfrecords(source, output_dir)
-    print(writer.summary(counts, output_dir, source.description, time.monotonic() - started))
+
+    def load():
+        source = _load(args)
+        # Only now, with the input known good, load TensorFlow: its C++ log level must be set
+        # before its first import (keeping a level the user chose).
+        logs.import_tensorflow_quietly()
+        return source
+
+    writer.generate_tfrecords(load, args.output_dir or args.data_dir)
     return 0
 
 

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import train
-from cifar10_estimator.data import metadata, schema, writer
+from cifar10_estimator.data import metadata, schema, sources, writer
 from cifar10_estimator.jobdir import lock as job_lock
 from conftest import md5, run_generator_cli
 from trainer_fixtures import (Trainer, bomb_png, checkpoint_step, one_line_error,
@@ -206,6 +206,14 @@ def test_generator_refuses_a_tarball_missing_a_batch(tmp_path, make_cifar_tarbal
     assert not list(tmp_path.glob("*.tfrecords"))
 
 
+def _generate_records(data_dir: str) -> None:
+    """The records of CIFAR-10's batches in ``data_dir``, written beside them, quietly."""
+    def quiet(_):
+        pass
+
+    writer.write_tfrecords(sources.load_source(data_dir, log=quiet), data_dir, log=quiet)
+
+
 def _record_starts(path: str) -> list[int]:
     """Byte offsets where the records of a TFRecord file start (length, CRC, data, CRC)."""
     starts, offset, data = [], 0, open(path, "rb").read()
@@ -225,7 +233,7 @@ def test_a_record_file_cut_short_is_refused_before_training(cut, tmp_path, capsy
 
     data_dir = str(tmp_path / "data")
     write_cifar_dir(data_dir, images_per_batch=12)
-    writer.generate_tfrecords(data_dir, log=lambda _: None)
+    _generate_records(data_dir)
     path = schema.record_path(data_dir, "train")
     starts = _record_starts(path)
     half = starts[len(starts) // 2]  # half the file gone
@@ -254,7 +262,7 @@ def test_changed_bytes_of_the_same_size_are_refused_before_training(tmp_path, ca
 
     data_dir = str(tmp_path / "data")
     write_cifar_dir(data_dir, images_per_batch=12)
-    writer.generate_tfrecords(data_dir, log=lambda _: None)
+    _generate_records(data_dir)
     path = schema.record_path(data_dir, "eval")
     data = bytearray(open(path, "rb").read())
     data[-40] ^= 0x01  # one pixel of the last image

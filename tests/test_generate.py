@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import storage, generate
-from cifar10_estimator.data import archives, metadata, pickles, sample_data, schema, writer
+from cifar10_estimator.data import (archives, metadata, pickles, sample_data, schema,
+                                    sources, writer)
 from cifar10_estimator.errors import UserError
 from conftest import listing, md5, run_generator_cli
 
@@ -35,10 +36,14 @@ def read_records(path) -> list[bytes]:
     return [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
 
 
-def quiet_generate(*args, **kwargs):
+def quiet_generate(data_dir, output_dir=None, **kwargs):
+    """The generator's conversion of CIFAR-10's batches in ``data_dir`` (``kwargs``: those of
+    ``load_source``): the records per split, and the lines it logged."""
     lines = []
-    counts = writer.generate_tfrecords(*args, log=lines.append, progress=io.StringIO(),
-                                         **kwargs)
+    counts = writer.generate_tfrecords(
+        lambda: sources.load_source(data_dir, log=lines.append, progress=io.StringIO(),
+                                    **kwargs),
+        output_dir or data_dir, log=lines.append)
     return counts, lines
 
 

@@ -5,16 +5,17 @@ files are written under temporary names and renamed only once all are complete, 
 an interruption leaves the previous outputs (if any) untouched and no new final-named file. If
 a rename itself fails part-way, the files already renamed by this run are removed again. The
 metadata file (``metadata.write_metadata``) is written last, with each file's size and SHA-256.
+``generate_tfrecords`` is the generator command's whole conversion: load, write, summary line.
 """
 
 import contextlib
 import os
 import time
-from typing import Callable, Iterator, Sequence, TextIO
+from typing import Callable, Iterator, Sequence
 
 from cifar10_estimator import storage
 from cifar10_estimator.data import metadata, schema
-from cifar10_estimator.data.sources import Source, load_source
+from cifar10_estimator.data.sources import Source
 from cifar10_estimator.errors import UserError
 
 
@@ -98,28 +99,17 @@ def _write_splits(source: Source, splits: list[str], finals: list[str],
     return facts
 
 
-def generate_tfrecords(data_dir: str, output_dir: str | None = None,
-                       source_url: str | None = None, source_md5: str | None = None,
-                       log: Callable[[str], None] | None = None,
-                       progress: TextIO | None = None,
-                       timeout: float = 60.0, dataset: str = "cifar10",
-                       label_mode: str = "fine") -> dict[str, int]:
-    """Converts CIFAR-10's python batches under ``data_dir`` to TFRecords; returns the counts.
-
-    Source, in order: ``data_dir/cifar-10-batches-py/``; else ``data_dir/cifar-10-python.tar.gz``
-    (its MD5 must be ``source_md5``), extracted safely; else the archive downloaded from
-    ``source_url`` (MD5-checked, kept in ``data_dir``). Writes ``train``, ``validation`` and
-    ``eval.tfrecords`` (see ``schema.SPLITS``) and the metadata file to ``output_dir``
-    (default ``data_dir``). ``log`` receives progress lines (default: ``print``); download
-    progress goes to ``progress`` (default ``sys.stderr``); ``timeout`` bounds network waits.
-    """
+def generate_tfrecords(load: Callable[[], Source], output_dir: str,
+                       log: Callable[[str], None] | None = None) -> dict[str, int]:
+    """The generator's conversion: loads a source with ``load`` (``sources.load_source`` or
+    ``image_folder.load_image_folder`` with their arguments), writes it into ``output_dir``
+    (``write_tfrecords``), then logs the summary line, with the seconds both took; returns the
+    records per split. ``log`` receives the lines (default: ``print``)."""
     log = log or print
-    start = time.monotonic()
-    source = load_source(data_dir, source_url, source_md5, log, progress, timeout, dataset,
-                         label_mode)
-    output_dir = output_dir or data_dir
+    started = time.monotonic()
+    source = load()
     counts = write_tfrecords(source, output_dir, log)
-    log(summary(counts, output_dir, source.description, time.monotonic() - start))
+    log(summary(counts, output_dir, source.description, time.monotonic() - started))
     return counts
 
 
