@@ -172,7 +172,7 @@ EVAL_BATCH_SIZE = 100  # the trainer's --eval-batch-size default; 10,000 test pi
 # The trainer's evaluation lines (evaluation/report.py evaluation_line; train.py logs the last
 # one again as "final evaluation at step N: ..."). 4 significant digits (0.8712, 1, 0.1).
 EVALUATION = re.compile(r"\bevaluation at step (\d+): accuracy = ([0-9.]+(?:e-?\d+)?)")
-# The trainer's line about the data (distributed/start.py): "... 60000 train records, 468 steps
+# The trainer's line about the data (training/start.py): "... 60000 train records, 468 steps
 # per epoch, ..."; the Keras run prints the same words.
 STEPS_PER_EPOCH = re.compile(r"\b(\d+) train records, (\d+) steps per epoch")
 FAILED_OUTPUT_CHARS = 3000

@@ -31,6 +31,7 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.model.model_fn import make_model_fn
 from cifar10_estimator.config import plan
+from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.platform.session import session_config
@@ -51,7 +52,7 @@ config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=depth,
 rc = tf.estimator.RunConfig(model_dir=job_dir, session_config=session_config(config),
                             checkpoint_save_graph_def=False, log_step_count_steps=None)
 settings = ModelSettings.of(plan.resolve(
-    config, plan.Role(), dataset="cifar10", class_names=schema.CLASS_NAMES,
+    config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES,
     train_records=Cifar10DataSet(data_dir, "train").num_examples(),
     precision=config.precision))
 estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)

@@ -28,7 +28,7 @@ from cifar10_estimator import logs, storage
 from cifar10_estimator.errors import run_cli
 from cifar10_estimator.config import checks, engines, flags, overlays
 from cifar10_estimator.config.fields import flag
-from cifar10_estimator.distributed import roles
+from cifar10_estimator.distributed import tf_config
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process, restore_process
 
@@ -64,16 +64,16 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
                                          from_engine.items()})
     # The one read of TF_CONFIG: the role is checked, with the settings, before TensorFlow
     # loads. (Estimator and TensorFlow's strategies read the same variable themselves.)
-    tf_config = os.environ.get(TF_CONFIG_ENV)
-    role = roles.parse(tf_config)
+    tf_config_value = os.environ.get(TF_CONFIG_ENV)
+    role = tf_config.parse(tf_config_value)
     checks.validate(config, needs_data=role.task_type != "ps")
-    roles.check_strategy(config, role)
+    tf_config.check_strategy(config, role)
     with contextlib.ExitStack() as undo:
         set_env = prepare_process(os.environ)  # before TensorFlow loads
         undo.callback(restore_process, os.environ, set_env)
         # Estimator and TensorFlow's strategies read TF_CONFIG themselves: they see the role
         # as parsed (a cluster of workers only, mapped to a chief and workers).
-        _set_for_this_run(TF_CONFIG_ENV, roles.estimator_tf_config(tf_config, role), undo)
+        _set_for_this_run(TF_CONFIG_ENV, tf_config.estimator_tf_config(tf_config_value, role), undo)
         undo.callback(logs.setup_logging(verbose))
         for name, (value, variable) in from_engine.items():
             if getattr(config, name) == value:

@@ -107,9 +107,11 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          train_batch_size=8, eval_batch_size=8)
     from cifar10_estimator.config import plan
+    from cifar10_estimator.config.role import Role
     from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
 
-    evaluator_role = plan.Role("evaluator", 0, {"chief": ("127.0.0.1:1",), "evaluator": ("127.0.0.1:2",)})
+    evaluator_role = Role("evaluator", 0, {"chief": ("127.0.0.1:1",),
+                                           "evaluator": ("127.0.0.1:2",)})
     settings = ModelSettings.of(plan.resolve(config, evaluator_role, dataset="cifar10",
                                              class_names=schema.CLASS_NAMES, train_records=96,
                                              precision="fp32"))

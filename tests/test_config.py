@@ -10,9 +10,15 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import settings_record
 
 
+def _missing_metadata(cls) -> list[str]:
+    """The fields of a settings dataclass that lack one of the ``REQUIRED`` metadata keys."""
+    return [f.name for f in dataclasses.fields(cls)
+            if any(key not in f.metadata for key in fields.REQUIRED)]
+
+
 @pytest.mark.parametrize("cls", [settings.ModelParams, settings.TrainConfig])
 def test_every_setting_declares_its_help_group_and_whether_it_defines_the_run(cls):
-    assert fields.missing_metadata(cls) == []
+    assert _missing_metadata(cls) == []
     groups = dict(fields.GROUPS)
     for field in dataclasses.fields(cls):
         assert field.metadata["group"] in groups
@@ -25,7 +31,7 @@ def test_a_field_without_metadata_is_found():
     class Extended(settings.TrainConfig):
         new_knob: int = 3
 
-    assert fields.missing_metadata(Extended) == ["new_knob"]
+    assert _missing_metadata(Extended) == ["new_knob"]
 
 
 def test_every_setting_is_one_flag_listed_in_its_help_group():
@@ -86,7 +92,8 @@ def test_overlays_stack_field_model_recipe_and_given_values():
 
 
 def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file():
-    (small, short), (large, long_) = overlays.RUN_LENGTHS["fast"][0], overlays.RUN_LENGTHS["fast"][-1]
+    points = overlays.RUN_LENGTHS["fast"]
+    (small, short), (large, long_) = points[0], points[-1]
     assert overlays.recipe_epochs("fast", 96) == short
     assert overlays.recipe_epochs("fast", small) == short
     assert overlays.recipe_epochs("fast", large) == long_
@@ -98,21 +105,27 @@ def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file()
     assert overlays.build(recipe="fast", train_steps=10).train_steps == 10
 
 
-def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer(
-        tiny_records, tmp_path):
-    # The setting added as docs/architecture.md shows: one field, one use.
+def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer():
+    # The setting added as docs/architecture.md shows: one field, one use. Followed from the
+    # command line through the plan to the optimizer's ops, as the trainer takes it.
     import tensorflow as tf
 
+    from cifar10_estimator.config import plan
+    from cifar10_estimator.config.role import Role
+    from cifar10_estimator.data import schema
     from cifar10_estimator.model import model_fn
 
-    config, _ = flags.parse(["--nesterov"])
-    assert config.nesterov and "nesterov" in settings.RUN_FIELDS
-    with tf.Graph().as_default():
-        spec = model_fn.make_model_fn(model_fn.ModelSettings(
-            settings.ModelParams(num_layers=8, nesterov=True)))(
-            {"image": tf.zeros([2, 32, 32, 3])}, tf.zeros([2], tf.int32),
-            tf.estimator.ModeKeys.TRAIN)
-        applies = [op for op in tf.compat.v1.get_default_graph().get_operations()
-                   if op.type == "ResourceApplyMomentum"]
-        assert spec.train_op is not None and applies
-        assert all(op.get_attr("use_nesterov") for op in applies)
+    for given in ([], ["--nesterov"]):
+        config, _ = flags.parse(["--num-layers", "8", *given])
+        assert config.nesterov == bool(given) and "nesterov" in settings.RUN_FIELDS
+        resolved = plan.resolve(config, Role(), dataset="cifar10",
+                                class_names=schema.CLASS_NAMES, train_records=96,
+                                precision="fp32")
+        with tf.Graph().as_default():
+            spec = model_fn.make_model_fn(model_fn.ModelSettings.of(resolved))(
+                {"image": tf.zeros([2, 32, 32, 3])}, tf.zeros([2], tf.int32),
+                tf.estimator.ModeKeys.TRAIN)
+            applies = [op for op in tf.compat.v1.get_default_graph().get_operations()
+                       if op.type == "ResourceApplyMomentum"]
+            assert spec.train_op is not None and applies
+            assert all(op.get_attr("use_nesterov") == bool(given) for op in applies)

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from cifar10_estimator.data import schema
 from cifar10_estimator.config import plan
+from cifar10_estimator.config.role import Role
 from cifar10_estimator.distributed import layout
 from cifar10_estimator.config.settings import TrainConfig
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports,
@@ -295,13 +296,13 @@ def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
         return plan.resolve(config, role, dataset="cifar10", class_names=schema.CLASS_NAMES,
                             train_records=96, precision="fp32")
 
-    chief, evaluator = plan.Role("chief", 0, two), plan.Role("evaluator", 0, two)
+    chief, evaluator = Role("chief", 0, two), Role("evaluator", 0, two)
     assert resolve(async_config, chief).steps_per_epoch == 12
     assert resolve(async_config, chief).global_batch == 8
     # Sync with 2 workers: each global step consumes 2 batches.
     assert resolve(sync_config, chief).steps_per_epoch == 6
     assert resolve(sync_config, chief).global_batch == 16
-    assert resolve(sync_config, plan.Role()).steps_per_epoch == 12
+    assert resolve(sync_config, Role()).steps_per_epoch == 12
     # The evaluator counts the cluster's workers too: it waits for the chief's last step.
     epochs = dataclasses.replace(sync_config, train_epochs=2.0)
     assert resolve(epochs, evaluator).train_steps == resolve(epochs, chief).train_steps == 12

@@ -7,8 +7,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator.config import plan
-from cifar10_estimator.distributed import roles
+from cifar10_estimator.config.role import Role
+from cifar10_estimator.distributed import tf_config
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_step
 from cluster_fixtures import free_ports
@@ -37,8 +37,8 @@ KUBEFLOW = {"cluster": {"chief": ["job-chief-0.ns.svc:2222"], "ps": ["job-ps-0.n
 def _both(value: dict):
     """Our role, and Estimator's RunConfig reading what the trainer sets TF_CONFIG to."""
     text = json.dumps(value)
-    role = roles.parse(text)
-    seen = roles.estimator_tf_config(text, role)
+    role = tf_config.parse(text)
+    seen = tf_config.estimator_tf_config(text, role)
     before = os.environ.pop("TF_CONFIG", None)
     try:
         if seen is not None:
@@ -66,7 +66,7 @@ def test_a_cluster_of_workers_only_has_worker_0_as_its_chief():
 
 def test_one_worker_alone_is_a_local_run():
     role, rc, seen = _both(RAY_TRAIN_ONE)
-    assert role == plan.Role() and seen is None and rc.is_chief and not rc.cluster_spec
+    assert role == Role() and seen is None and rc.is_chief and not rc.cluster_spec
 
 
 def test_sagemaker_vertex_and_kubeflow_shapes_are_taken_as_written():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cifar10_estimator.config import flags, overlays
+from cifar10_estimator.config import flags, overlays, plan
 from cifar10_estimator.config.settings import ModelParams
 from cifar10_estimator.data import pipeline
 from cifar10_estimator.errors import UserError
@@ -47,8 +47,8 @@ def test_he_schedule_drops_at_half_and_three_quarters_of_the_run():
     params = ModelParams(lr_schedule="he", learning_rate=0.1)
     with tf.Graph().as_default():
         step = tf.compat.v1.placeholder(tf.int64, [])
-        rate = schedules.learning_rate(step, params, steps_per_epoch=7, total_steps=200,
-                                       global_batch=128)
+        rate = schedules.learning_rate(step, plan.schedule_of(
+            params, steps_per_epoch=7, total_steps=200, global_batch=128))
         with tf.compat.v1.Session() as session:
             # As the piecewise schedule: a phase's rate from the step after its boundary.
             got = [session.run(rate, {step: s}) for s in (0, 100, 101, 150, 151, 199)]
@@ -56,13 +56,15 @@ def test_he_schedule_drops_at_half_and_three_quarters_of_the_run():
 
 
 def test_the_plan_line_names_the_steps_he_drops_after():
-    from cifar10_estimator.config.plan import Role, resolve
-    from cifar10_estimator.distributed import start
+    from cifar10_estimator.config.plan import resolve
+    from cifar10_estimator.config.role import Role
+    from cifar10_estimator.training import start
 
     config, _ = flags.parse(["--train-epochs", "10", "--train-batch-size", "100"] + PATHS)
-    plan = resolve(config, Role(), dataset="cifar10", class_names=[str(i) for i in range(10)],
-                   train_records=1000, precision="fp32")
-    assert start._plan_line(plan).endswith(
+    resolved = resolve(config, Role(), dataset="cifar10",
+                       class_names=[str(i) for i in range(10)], train_records=1000,
+                       precision="fp32")
+    assert start._plan_line(resolved).endswith(
         "he learning rate peaking at 0.1, x0.1 after step 50 and x0.01 after step 75 (He et "
         "al.'s proportions of the run)")
 
@@ -108,9 +110,9 @@ def test_whitening_needs_the_resnet_and_a_patch_it_knows():
 
 def _one_step_changes(multiplier: float) -> dict:
     """How far one training step moves each variable of a tiny ResNet, by name."""
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8, batch_norm_lr_multiplier=multiplier,
-                                                  momentum=0.0),
-                                      steps_per_epoch=10, total_steps=10)
+    params = ModelParams(num_layers=8, batch_norm_lr_multiplier=multiplier, momentum=0.0)
+    settings = model_fn.ModelSettings(params, schedule=plan.schedule_of(
+        params, steps_per_epoch=10, total_steps=10, global_batch=128))
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(1)
         images = tf.constant(np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)),
@@ -251,7 +253,8 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     # The tutorial's piecewise schedule: a resumed run may train longer (not so under he).
-    levers = ["--lr-schedule", "piecewise", "--whitening-patch", "2", "--batch-norm-lr-multiplier", "4",
+    levers = ["--lr-schedule", "piecewise", "--whitening-patch", "2",
+              "--batch-norm-lr-multiplier", "4",
               "--lookahead-steps", "3", "--alternating-flips", "true", "--test-time-shift", "1",
               "--test-time-mirror", "true", "--eval-throttle-secs", "100000"]
     first = run_module("cifar10_estimator", *trainer_args(data_dir, job_dir, "--train-steps",

@@ -4,12 +4,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from cifar10_estimator.config import plan
 from cifar10_estimator.config.plan import global_batch
 from cifar10_estimator.config.settings import ModelParams, TrainConfig
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import model_fn, schedules
 
-SETTINGS = model_fn.ModelSettings(ModelParams(num_layers=8), steps_per_epoch=10)
+# The default settings' schedule with epochs of 10 global steps.
+TEN_STEP_EPOCHS = plan.schedule_of(ModelParams(), steps_per_epoch=10, total_steps=1,
+                                   global_batch=128)
+SETTINGS = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS)
 ModeKeys = tf.estimator.ModeKeys
 
 
@@ -50,7 +54,7 @@ def test_eval_mode_has_weighted_metrics_and_no_optimizer():
 
 
 def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8), steps_per_epoch=10,
+    settings = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS,
                                       devices=("/cpu:0", "/cpu:1"))
     with tf.Graph().as_default():
         spec = _spec(ModeKeys.TRAIN, settings=settings)
@@ -67,7 +71,8 @@ def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
 def _rates(params: ModelParams, steps, steps_per_epoch=10, total_steps=1000, global_batch=128):
     with tf.Graph().as_default():
         step = tf.compat.v1.placeholder(tf.int64, [])
-        lr = schedules.learning_rate(step, params, steps_per_epoch, total_steps, global_batch)
+        lr = schedules.learning_rate(step, plan.schedule_of(params, steps_per_epoch, total_steps,
+                                                            global_batch))
         with tf.compat.v1.Session() as sess:
             return [float(sess.run(lr, {step: s})) for s in steps]
 
@@ -146,7 +151,7 @@ def test_label_smoothing_spreads_the_target_in_training_only():
 def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
     decay = 0.8
     settings = model_fn.ModelSettings(ModelParams(num_layers=8, moving_average_decay=decay),
-                                      steps_per_epoch=10)
+                                      schedule=TEN_STEP_EPOCHS)
     rng = np.random.default_rng(0)
     images = rng.uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
@@ -174,7 +179,7 @@ def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
 def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
     from cifar10_estimator.training.precise_bn import PreciseBatchNorm
 
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8), steps_per_epoch=10)
+    settings = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS)
     images = np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
     with tf.Graph().as_default() as graph:
         model_fn.make_model_fn(settings)({"image": tf.constant(images)},

@@ -35,7 +35,7 @@ def test_a_finished_job_reports_its_result_and_trains_and_exports_nothing(
     assert again.steps_trained == 0
     accuracy = json.loads(report.read_text())["accuracy"]
     assert (f"already trained to step 3 in {job_dir}, final accuracy {100 * accuracy:.2f}%: "
-            f"nothing to train or export") in err
+            f"nothing to train or export (raise --train-steps to train longer)") in err
     assert "Saving checkpoints" not in err and "exported SavedModel" not in err
     # The run summary names the finished result.
     assert re.search(rf"run summary: .*final accuracy {100 * accuracy:.2f}% at step 3", err)
@@ -66,6 +66,11 @@ def test_a_new_run_length_under_a_whole_run_schedule_is_refused_unless_told(
     flags = trainer_args(data_dir, job_dir, *QUICK, "--lr-schedule", schedule)
     train.run([*flags, "--train-steps", "4"])
     capsys.readouterr()
+    # The finished job's advice follows its schedule: a longer run needs --change-settings.
+    train.run([*flags, "--train-steps", "4"])
+    assert (f"nothing to train or export (to train longer, raise --train-steps with "
+            f"--change-settings: the {schedule} schedule then spans the new length)"
+            ) in capsys.readouterr().err
     assert train.main([*flags, "--train-steps", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (

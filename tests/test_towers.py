@@ -5,13 +5,13 @@ import tensorflow as tf
 
 from cifar10_estimator.model import model_fn, towers
 from cifar10_estimator.config import plan
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import ModelParams, TrainConfig
 
 
 def test_tower_devices():
-    assert plan.tower_devices(2) == ("/gpu:0", "/gpu:1")
-    assert plan.tower_devices(0) == ("/cpu:0",)
-    assert plan.tower_devices(0, 3) == ("/cpu:0", "/cpu:1", "/cpu:2")
+    assert plan.tower_devices(TrainConfig(num_gpus=2)) == ("/gpu:0", "/gpu:1")
+    assert plan.tower_devices(TrainConfig()) == ("/cpu:0",)
+    assert plan.tower_devices(TrainConfig(num_cpu_towers=3)) == ("/cpu:0", "/cpu:1", "/cpu:2")
 
 
 def test_greedy_placement_balances_bytes_from_shape_and_dtype():
@@ -51,9 +51,9 @@ def test_averaged_gradient_of_two_cpu_towers_equals_mean_of_per_shard_gradients(
     rng = np.random.default_rng(1)
     images = rng.uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
-    settings = model_fn.ModelSettings(
-        ModelParams(num_layers=8, learning_rate=0.1, momentum=0.9),
-        devices=("/cpu:0", "/cpu:1"), steps_per_epoch=10)
+    params = ModelParams(num_layers=8, learning_rate=0.1, momentum=0.9)
+    settings = model_fn.ModelSettings(params, devices=("/cpu:0", "/cpu:1"), schedule=(
+        plan.schedule_of(params, steps_per_epoch=10, total_steps=1, global_batch=128)))
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
     with tf.Graph().as_default() as graph:
         tf.compat.v1.set_random_seed(0)

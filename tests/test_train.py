@@ -14,6 +14,7 @@ from cifar10_estimator import train
 from cifar10_estimator.data import schema
 from cifar10_estimator.config import overlays
 from cifar10_estimator.config import plan
+from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TrainConfig
 from trainer_fixtures import checkpoint_step, run_module, trainer_args
 
@@ -55,7 +56,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
     from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
-    settings = ModelSettings.of(plan.resolve(config, plan.Role(), dataset="cifar10",
+    settings = ModelSettings.of(plan.resolve(config, Role(), dataset="cifar10",
                                              class_names=schema.CLASS_NAMES, train_records=96,
                                              precision="fp32"))
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)

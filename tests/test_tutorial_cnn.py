@@ -14,7 +14,7 @@ from cifar10_estimator import evaluate
 from cifar10_estimator.data import metadata, pipeline
 from cifar10_estimator.model import networks, tutorial_cnn
 from cifar10_estimator.config.settings import TUTORIAL_CNN, ModelParams
-from cifar10_estimator.config import flags
+from cifar10_estimator.config import flags, plan
 from trainer_fixtures import TINY_BATCHES, checkpoint_step, run_module, trainer_args
 
 CNN = ModelParams(model=TUTORIAL_CNN)
@@ -43,11 +43,12 @@ def test_the_network_has_the_tutorials_layers_and_parameter_count(size):
         "tutorial_cnn/softmax_linear/weights": [192, 10],
         "tutorial_cnn/softmax_linear/biases": [10]}
     count = sum(int(np.prod(s)) for s in shapes.values())
-    assert count == tutorial_cnn.parameter_count(10) == 1_068_298
+    assert count == 1_068_298  # the tutorial's network
     # Weight decay on the two hidden layers' weights only, as the tutorial's.
     assert sorted(decayed) == ["tutorial_cnn/local3/weights", "tutorial_cnn/local4/weights"]
     _, shapes100, _ = _build(100)
-    assert sum(int(np.prod(s)) for s in shapes100.values()) == tutorial_cnn.parameter_count(100)
+    # Only the output layer grows: 90 more classes of 192 weights and a bias each.
+    assert sum(int(np.prod(s)) for s in shapes100.values()) == 1_068_298 + 90 * 193
 
 
 def test_the_model_brings_the_tutorials_defaults_and_flags_still_win():
@@ -55,7 +56,7 @@ def test_the_model_brings_the_tutorials_defaults_and_flags_still_win():
     assert (config.weight_decay, config.momentum, config.moving_average_decay) == (
         0.004, 0.0, 0.9999)
     assert config.lr_boundary_epochs == (350.0,) and config.lr_decay_factors == (1.0, 0.1)
-    assert config.resolved_data_format() == "channels_last"
+    assert plan.data_format(config) == "channels_last"
     config, _ = flags.parse(["--model", "tutorial-cnn", "--moving-average-decay", "0.99"])
     assert config.moving_average_decay == 0.99 and config.weight_decay == 0.004
     assert flags.parse([])[0].weight_decay == 2e-4  # the ResNet's own

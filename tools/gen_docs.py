@@ -206,7 +206,7 @@ def render_recorded_settings() -> str:
     for field in dataclasses.fields(settings.TrainConfig):
         side = recorded if field.name in settings.RUN_FIELDS else free
         side[field.metadata["group"]].append(fields.flag(field.name))
-    spans = constant(f"{PACKAGE}.config.plan", "LENGTH_SHAPED_SCHEDULES")
+    spans = constant(f"{PACKAGE}.config.settings", "LENGTH_SHAPED_SCHEDULES")
     lines = [f"`{settings_record.RECORD_FILE}` records these settings (the fields of "
              f"`config/settings.py` with `record=True`), by help group:", ""]
     lines += [f"- {title}: {code_list(names)};" for title, names in recorded.items() if names]

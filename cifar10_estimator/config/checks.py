@@ -7,6 +7,7 @@ settings, or of settings and the machine (GPUs, oneDNN), that no single field ca
 import dataclasses
 from typing import Any, Mapping
 
+from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.fields import flag, shown
 from cifar10_estimator.config.settings import (MULTI_WORKER_MIRRORED, TOWERS, TUTORIAL_CNN,
                                                TrainConfig)
@@ -95,14 +96,15 @@ def _check_devices(config: TrainConfig) -> None:
     if config.variable_strategy == "GPU" and config.num_gpus == 0:
         raise UserError("--variable-strategy GPU needs GPUs; with --num-gpus 0 use "
                         "--variable-strategy CPU")
-    if config.model == TUTORIAL_CNN and config.resolved_data_format() == "channels_first":
+    if config.model == TUTORIAL_CNN and plans.data_format(config) == "channels_first":
         raise UserError("--data-format channels_first: the tutorial CNN computes in "
                         "channels_last only (TensorFlow's local response normalisation has no "
                         "other layout); leave --data-format unset")
+    towers = len(plans.tower_devices(config))
     for name in ("train_batch_size", "eval_batch_size"):
-        if getattr(config, name) % config.num_towers:
+        if getattr(config, name) % towers:
             raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "
-                            f"{config.num_towers} towers; use a multiple of {config.num_towers}")
+                            f"{towers} towers; use a multiple of {towers}")
 
 
 def validate(config: TrainConfig, needs_data: bool = True) -> None:
@@ -138,7 +140,7 @@ def validate_machine(config: TrainConfig, num_visible_gpus: int, onednn_enabled:
     if config.num_gpus > 0 and num_visible_gpus < config.num_gpus:
         raise UserError(f"--num-gpus {config.num_gpus} requested but TensorFlow sees "
                         f"{num_visible_gpus} GPU(s); use --num-gpus {num_visible_gpus}")
-    if (config.num_gpus == 0 and config.resolved_data_format() == "channels_first"
+    if (config.num_gpus == 0 and plans.data_format(config) == "channels_first"
             and not onednn_enabled):
         # TF 2.15's Eigen CPU kernels have no NCHW pooling ("Default AvgPoolingOp only
         # supports NHWC on device type CPU"); its oneDNN kernels do.

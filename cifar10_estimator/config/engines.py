@@ -3,7 +3,7 @@
 SageMaker and Vertex AI name the folders a job must use in environment variables rather than
 flags. The trainer takes them as defaults under the flags given (a flag wins): ``settings``
 returns them from an environment the command passes in. The TF_CONFIG shapes the engines write
-are ``distributed.roles``'s; docs/distributed.md, "Engines", has the table of both.
+are ``distributed.tf_config``'s; docs/distributed.md, "Engines", has the table of both.
 
 No TensorFlow here: the trainer resolves its settings before it loads.
 """

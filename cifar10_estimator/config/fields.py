@@ -77,12 +77,6 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def missing_metadata(cls) -> list[str]:
-    """The fields of a settings dataclass that lack one of the ``REQUIRED`` metadata keys."""
-    return [f.name for f in dataclasses.fields(cls)
-            if any(key not in f.metadata for key in REQUIRED)]
-
-
 def names_where(cls, key: str) -> tuple[str, ...]:
     """The fields of ``cls`` whose metadata ``key`` is true, in declaration order."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(key))

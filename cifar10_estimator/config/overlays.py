@@ -4,8 +4,8 @@ and ``--recipe``'s.
 An overlay is a named set of values that take the place of the fields' defaults, as TF Model
 Garden's experiment configurations override its base ones. The order, from weakest to
 strongest: the fields' defaults (``settings``), the model's overlay, the strategy's, the
-recipe's, and the flags given on the command line (``flags.parse``). The trainer logs every setting a recipe
-may set, marking those given (``describe``).
+recipe's, and the flags given on the command line (``flags.parse``). The trainer logs every
+setting a recipe may set, marking those given (``describe``).
 
 A run length is one fact: a model's overlay gives ``train_steps``; a recipe with a length of
 its own (``RUN_LENGTHS``) replaces it with epochs that follow the training file's size, and
@@ -18,8 +18,8 @@ from typing import Any, Mapping, Optional
 
 from cifar10_estimator.config.fields import flag, shown
 from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, RECIPE_FIELDS,
-                                               RESNET, TOWERS, TUTORIAL_BATCH, TUTORIAL_CNN,
-                                               TrainConfig)
+                                               RESNET, SCHEDULE_FIELDS, TOWERS, TUTORIAL_BATCH,
+                                               TUTORIAL_CNN, TrainConfig)
 
 # The tutorial CNN's weights are averaged at this decay for evaluation (cifar10.py's
 # MOVING_AVERAGE_DECAY).
@@ -131,11 +131,6 @@ STRATEGIES: dict[str, Mapping[str, Any]] = {
 }
 
 
-# The settings that say where the piecewise schedule drops; given any of them, a paper run of
-# the user's length keeps the tutorial's schedule (``follows_he``).
-SCHEDULE_FIELDS = frozenset({"lr_schedule", "lr_boundary_epochs", "lr_decay_factors"})
-
-
 def follows_he(values: Mapping[str, Any], epochs_given: bool,
                schedule_given: bool) -> bool:
     """Whether a run takes He et al.'s proportions of its length (``lr_schedule`` ``he``) in
@@ -168,7 +163,8 @@ def build(**given: Any) -> TrainConfig:
     if given.get("train_epochs") is not None and "train_steps" not in given:
         values["train_steps"] = None  # a length given in epochs replaces the model's steps
     values.update(given)
-    if follows_he(values, "train_epochs" in given, bool(given.keys() & SCHEDULE_FIELDS)):
+    schedule_given = any(name in given for name in SCHEDULE_FIELDS)
+    if follows_he(values, "train_epochs" in given, schedule_given):
         values["lr_schedule"] = "he"
     return TrainConfig(**values)
 
@@ -182,14 +178,23 @@ def recipe_help() -> str:
 
 def describe(config: TrainConfig) -> str:
     """``recipe NAME: --flag value, ...``: every setting a recipe may set, marking the values
-    that differ from the recipe's (given on the command line)."""
+    that differ from the recipe's (given on the command line), and the schedule a paper run
+    given in epochs takes (``follows_he``)."""
     expected = defaults(config.model, config.recipe, config.distribution_strategy)
     schedule_given = any(getattr(config, name) != expected[name]
-                         for name in SCHEDULE_FIELDS - {"lr_schedule"})
-    if config.lr_schedule == "he" and follows_he(expected, config.train_epochs is not None,
-                                                 schedule_given):
+                         for name in SCHEDULE_FIELDS if name != "lr_schedule")
+    switched = config.lr_schedule == "he" and follows_he(
+        expected, config.train_epochs is not None, schedule_given)
+    if switched:
         expected["lr_schedule"] = "he"
-    parts = [f"{flag(name)} {shown(getattr(config, name))}"
-             f"{' (given)' if getattr(config, name) != expected[name] else ''}"
+
+    def note(name: str) -> str:
+        if getattr(config, name) != expected[name]:
+            return " (given)"
+        if switched and name == "lr_schedule":
+            return " (--train-epochs: the paper's proportions of the run)"
+        return ""
+
+    parts = [f"{flag(name)} {shown(getattr(config, name))}{note(name)}"
              for name in RECIPE_FIELDS]
     return f"recipe {config.recipe}: {', '.join(parts)}"

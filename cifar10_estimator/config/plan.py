@@ -3,120 +3,34 @@
 ``resolve`` turns the settings (``TrainConfig``, with the model's and recipe's defaults), this
 task's ``Role`` in the cluster (from the ``TF_CONFIG`` value the command read), the training
 data's counts and the precision chosen for the job into a ``Plan``: the run's length in global
-steps, the batch per worker, per global step and per tower or replica, the devices and tower
-count, the data layout, the precision as the one name it has from here on (``fp32`` or
-``bf16``; ``auto`` is a request, never a plan). Later modules read the plan and compute none of
-these again; a ``Plan`` cannot be changed after it is made.
+steps, the batch per worker, per global step and per tower or replica, the devices (one per
+tower or replica), the data layout, the learning rate's ``Schedule`` in global steps, the
+precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request,
+never a plan). Each rule behind these facts is a function here, and ``resolve`` is the only
+caller that turns them into a run's numbers; a ``Plan`` cannot be changed after it is made.
 
 No TensorFlow here: the commands resolve as much as they can before it loads.
 """
 
 import dataclasses
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from cifar10_estimator.config.overlays import MODELS, recipe_epochs
-from cifar10_estimator.config.settings import TOWERS, TrainConfig
+from cifar10_estimator.config.role import Role
+from cifar10_estimator.config.settings import (ALL_REDUCE_STRATEGIES, HE_FACTORS, HE_FRACTIONS,
+                                               LENGTH_SHAPED_SCHEDULES, MULTI_WORKER_MIRRORED,
+                                               TUTORIAL_CNN, ModelParams, TrainConfig)
 
-# Jobs whose tasks run training steps ("master" is the pre-"chief" name Estimator still accepts).
-TRAINER_JOBS = ("chief", "master", "worker")
 # A precision's dtype: what the convolutions compute in (variables stay float32).
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-# Schedules whose shape depends on the run's length (model/schedules.py).
-LENGTH_SHAPED_SCHEDULES = ("he", "cosine", "one-cycle")
-
-
-@dataclasses.dataclass(frozen=True)
-class Role:
-    """This task's place in the job, as ``TF_CONFIG`` gives it (``distributed.roles.parse``).
-
-    A run without a cluster is Estimator's local task, ``worker`` 0 with no cluster. The
-    cluster stays as listed for every task, an evaluator's included (Estimator's ``RunConfig``
-    gives an evaluator an empty one, so it cannot count the workers whose global step it
-    follows).
-    """
-
-    task_type: str = "worker"
-    task_id: int = 0
-    cluster: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
-    # TF_CONFIG listed workers only (Ray Train, SageMaker): worker 0 became the chief.
-    workers_only: bool = False
-
-    @property
-    def local(self) -> bool:
-        return not self.cluster
-
-    @property
-    def name(self) -> str:
-        """``local``, or the task as TF_CONFIG names it (``worker 1``)."""
-        return "local" if self.local else f"{self.task_type} {self.task_id}"
-
-    @property
-    def kind(self) -> str:
-        """``local`` or the task's type: what a result reports."""
-        return "local" if self.local else self.task_type
-
-    @property
-    def trains(self) -> bool:
-        return self.task_type in TRAINER_JOBS
-
-    @property
-    def in_cluster(self) -> bool:
-        """A training task of a cluster."""
-        return self.trains and not self.local
-
-    @property
-    def is_chief(self) -> bool:
-        """The task that saves checkpoints and exports: the chief, or a local run."""
-        return self.local or self.task_type in ("chief", "master")
-
-    @property
-    def evaluates_at_end(self) -> bool:
-        """The task that evaluates the final checkpoint after training: a local run, or the
-        chief of a cluster of workers only that lists no evaluator (the engines that write
-        that shape run no evaluator task; elsewhere an evaluator task evaluates, listed in the
-        cluster or not)."""
-        return self.local or (self.chief_evaluates and self.task_type == "chief")
-
-    @property
-    def chief_evaluates(self) -> bool:
-        """Whether the chief of this task's cluster evaluates at the end (above)."""
-        return self.workers_only and "evaluator" not in self.cluster
-
-    @property
-    def num_trainers(self) -> int:
-        """Training tasks of the job (chief and workers); 1 for a local run."""
-        return max(1, sum(len(self.cluster.get(job, ())) for job in TRAINER_JOBS))
-
-    @property
-    def num_ps(self) -> int:
-        return len(self.cluster.get("ps", ()))
-
-    @property
-    def trainer_index(self) -> int:
-        """This training task's place among the trainers (its shard of the training records):
-        the chief 0, worker i i + 1; 0 for a local run."""
-        if self.local or self.task_type in ("chief", "master"):
-            return 0
-        return self.task_id + (1 if any(j in self.cluster for j in ("chief", "master")) else 0)
-
-    @property
-    def ps_tasks(self) -> dict[str, str]:
-        """``ps:i`` -> address."""
-        return {f"ps:{i}": address for i, address in enumerate(self.cluster.get("ps", ()))}
-
-    @property
-    def peers(self) -> dict[str, str]:
-        """The other training tasks: ``job:index`` -> address."""
-        return {f"{job}:{i}": address for job in TRAINER_JOBS
-                for i, address in enumerate(self.cluster.get(job, ()))
-                if (job, i) != (self.task_type, self.task_id)}
 
 
 def steps_together(config: TrainConfig) -> bool:
     """Whether a global step takes one batch from every worker (``sync``, or an all-reduce
-    strategy) rather than one worker's batch (asynchronous parameter servers)."""
-    return config.sync or config.distribution_strategy != TOWERS
+    strategy: ``settings.STEPS_TOGETHER`` says so in the help) rather than one worker's batch
+    (asynchronous parameter servers)."""
+    return config.sync or config.distribution_strategy in ALL_REDUCE_STRATEGIES
 
 
 def global_batch(config: TrainConfig, num_trainers: int) -> int:
@@ -125,12 +39,70 @@ def global_batch(config: TrainConfig, num_trainers: int) -> int:
     return config.train_batch_size * (num_trainers if steps_together(config) else 1)
 
 
-def tower_devices(num_gpus: int, num_cpu_towers: int = 1) -> tuple[str, ...]:
-    """The compute device of each tower or replica: N GPUs, else ``num_cpu_towers`` logical
-    CPUs (``model.towers`` places ops on them)."""
-    if num_gpus > 0:
-        return tuple(f"/gpu:{i}" for i in range(num_gpus))
-    return tuple(f"/cpu:{i}" for i in range(max(1, num_cpu_towers)))
+def all_reduce_trainer(config: TrainConfig, role: Role) -> bool:
+    """A training task of a multi-worker all-reduce job."""
+    return config.distribution_strategy == MULTI_WORKER_MIRRORED and role.trains
+
+
+def tower_devices(config: TrainConfig) -> tuple[str, ...]:
+    """The compute device of each tower or replica of one worker: ``--num-gpus`` GPUs, else
+    ``--num-cpu-towers`` logical CPUs (``model.towers`` places ops on them)."""
+    if config.num_gpus > 0:
+        return tuple(f"/gpu:{i}" for i in range(config.num_gpus))
+    return tuple(f"/cpu:{i}" for i in range(max(1, config.num_cpu_towers)))
+
+
+def data_format(config: TrainConfig) -> str:
+    """The layout the model computes in: ``--data-format``, else channels-first on GPUs (cuDNN's
+    fast layout) and channels-last elsewhere (oneDNN's)."""
+    if config.data_format:
+        return config.data_format
+    if config.model == TUTORIAL_CNN:
+        return "channels_last"  # its local response normalisation has no other layout
+    return "channels_first" if config.num_gpus > 0 else "channels_last"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The learning rate's course over a run, in global steps (``model.schedules`` builds it):
+    the defaults are a constant 0.1 (the tutorials' rate) over one step."""
+
+    kind: str = "piecewise"  # --lr-schedule
+    peak: float = 0.1  # --learning-rate, scaled to the global batch (``schedule_of``)
+    warmup_steps: float = 0.0  # --warmup-epochs in global steps (one-cycle: its rise; 0: 30 %)
+    total_steps: int = 1  # the run's last global step: length-shaped schedules span it
+    # piecewise and he: the rate is peak x factors[i] after boundaries[i - 1] up to
+    # boundaries[i] (global steps).
+    boundaries: tuple[int, ...] = ()
+    factors: tuple[float, ...] = (1.0,)
+
+    @property
+    def length_shaped(self) -> bool:
+        return self.kind in LENGTH_SHAPED_SCHEDULES
+
+
+def schedule_of(params: ModelParams, steps_per_epoch: int, total_steps: int,
+             global_batch: int) -> Schedule:
+    """The schedule of ``params`` for a run of ``total_steps`` global steps of ``global_batch``
+    images, ``steps_per_epoch`` of them an epoch.
+
+    The peak is ``--learning-rate``, scaled by global batch / ``--lr-reference-batch`` when that
+    is set: Goyal et al.'s linear scaling rule (2017, arXiv:1706.02677, section 2.1), which
+    keeps the updates of an epoch the same size whatever the batch. ``he`` drops at He et al.'s
+    proportions of the run (``config.settings``' HE_*), ``piecewise`` at epoch boundaries.
+    """
+    peak = params.learning_rate
+    if params.lr_reference_batch:
+        peak = params.learning_rate * global_batch / params.lr_reference_batch
+    if params.lr_schedule == "he":
+        boundaries, factors = [int(total_steps * f) for f in HE_FRACTIONS], HE_FACTORS
+    else:
+        boundaries = [int(steps_per_epoch * e) for e in params.lr_boundary_epochs]
+        factors = params.lr_decay_factors
+    return Schedule(kind=params.lr_schedule, peak=peak,
+                    warmup_steps=params.warmup_epochs * steps_per_epoch,
+                    total_steps=total_steps, boundaries=tuple(boundaries),
+                    factors=tuple(factors))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +124,7 @@ class Plan:
     train_steps: int  # the global step at which training ends
     run_epochs: Optional[float]  # the length in epochs, where it was given in epochs
     length_from: str  # which setting gave the length, for the log
+    schedule: Schedule  # the learning rate over the run's global steps
 
     @property
     def num_classes(self) -> int:
@@ -167,16 +140,25 @@ class Plan:
 
     @property
     def all_reduce_trainer(self) -> bool:
-        """A training task of a multi-worker all-reduce job."""
-        return (self.config.distribution_strategy == "multi-worker-mirrored"
-                and self.role.trains)
+        return all_reduce_trainer(self.config, self.role)
 
     @property
     def schedule_spans(self) -> Optional[int]:
         """The steps a length-shaped schedule spans (what the settings record keeps), else
         None."""
-        return (self.train_steps if self.config.lr_schedule in LENGTH_SHAPED_SCHEDULES
-                else None)
+        return self.schedule.total_steps if self.schedule.length_shaped else None
+
+    def worker_images(self, steps: int) -> int:
+        """The images this worker's batches hold over ``steps`` global steps: what the run
+        summary's images/s counts, as the progress lines' own figure does
+        (``training.progress``)."""
+        return steps * self.worker_batch
+
+    def with_length(self, train_steps: int) -> "Plan":
+        """This plan with a run of ``train_steps`` global steps (its schedule spanning them):
+        what ``--change-settings`` compares a job's recorded length with."""
+        return dataclasses.replace(self, train_steps=train_steps, schedule=schedule_of(
+            self.config, self.steps_per_epoch, train_steps, self.global_batch))
 
 
 def resolve(config: TrainConfig, role: Role, *, dataset: str, class_names: Sequence[str],
@@ -191,7 +173,7 @@ def resolve(config: TrainConfig, role: Role, *, dataset: str, class_names: Seque
     """
     if precision not in DTYPES:
         raise ValueError(f"a plan's precision is fp32 or bf16, not {precision!r}")
-    devices = tower_devices(config.num_gpus, config.num_cpu_towers)
+    devices = tower_devices(config)
     per_global_step = global_batch(config, role.num_trainers)
     steps_per_epoch = max(1, train_records // per_global_step)
     epochs, length_from = None, "--train-steps"
@@ -209,7 +191,8 @@ def resolve(config: TrainConfig, role: Role, *, dataset: str, class_names: Seque
     return Plan(
         config=config, role=role, precision=precision, dataset=dataset,
         class_names=tuple(class_names), train_records=train_records, devices=devices,
-        data_format=config.resolved_data_format(), worker_batch=config.train_batch_size,
+        data_format=data_format(config), worker_batch=config.train_batch_size,
         replica_batch=config.train_batch_size // len(devices), global_batch=per_global_step,
         steps_per_epoch=steps_per_epoch, train_steps=train_steps, run_epochs=epochs,
-        length_from=length_from)
+        length_from=length_from,
+        schedule=schedule_of(config, steps_per_epoch, train_steps, per_global_step))

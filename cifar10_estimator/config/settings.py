@@ -15,7 +15,7 @@ import os
 from typing import Optional
 
 from cifar10_estimator.config.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Check,
-                                             names_where, setting)
+                                             flag, names_where, setting)
 
 RESNET = "resnet"
 TUTORIAL_CNN = "tutorial-cnn"
@@ -25,6 +25,13 @@ PRECISIONS = ("auto", "fp32", "bf16")
 # TensorFlow's collective all-reduce strategies through Estimator's train_distribute.
 TOWERS, MIRRORED, MULTI_WORKER_MIRRORED = "towers", "mirrored", "multi-worker-mirrored"
 STRATEGIES = (TOWERS, MIRRORED, MULTI_WORKER_MIRRORED)
+# The strategies whose global step takes a batch from every worker (all-reduce; towers do so
+# only with --sync): ``config.plan.steps_together`` applies it, and the help below says it
+# from this tuple.
+ALL_REDUCE_STRATEGIES = (MIRRORED, MULTI_WORKER_MIRRORED)
+STEPS_TOGETHER = (f"with --sync or --distribution-strategy "
+                  f"{' or '.join(ALL_REDUCE_STRATEGIES)}")
+GLOBAL_BATCH = f"--train-batch-size, times the workers {STEPS_TOGETHER}"
 # Both tutorials' batch: 128 images per step.
 TUTORIAL_BATCH = 128
 # Estimator's RunConfig saves a checkpoint every 600 s unless told otherwise, and its EvalSpec
@@ -41,6 +48,12 @@ ONE_CYCLE_RISE = 0.3
 HE_FRACTIONS = (0.5, 0.75)
 HE_FACTORS = (1.0, 0.1, 0.01)
 LR_SCHEDULES = ("piecewise", "he", "cosine", "one-cycle")
+# The schedules whose shape depends on the run's length: their steps follow --train-steps or
+# --train-epochs, so the settings record keeps the length they span (``config.plan``).
+LENGTH_SHAPED_SCHEDULES = ("he", "cosine", "one-cycle")
+# The settings that say where the piecewise schedule drops; a ResNet on --recipe paper whose
+# length is given in --train-epochs and none of these takes ``he`` (``overlays.follows_he``).
+SCHEDULE_FIELDS = ("lr_schedule", "lr_boundary_epochs", "lr_decay_factors")
 # He et al. 2015 (arXiv:1512.03385), section 4.2: a CIFAR ResNet has 6n+2 layers, a stem,
 # three stages of n two-layer blocks and the dense layer; n >= 1.
 RESNET_DEPTH = Check(lambda v: v >= 8 and (v - 2) % 6 == 0,
@@ -85,9 +98,8 @@ class ModelParams:
         1, "1: post-activation blocks (He et al. 2015); 2: pre-activation (He et al. 2016)",
         group="model", record=True, choices=(1, 2), models=(RESNET,))
     train_batch_size: int = setting(
-        TUTORIAL_BATCH, "images per step per worker, split evenly over its towers or replicas "
-                        "(a global step takes this from every worker with --sync or an "
-                        "all-reduce strategy)",
+        TUTORIAL_BATCH, f"images per step per worker, split evenly over its towers or replicas "
+                        f"(a global step takes this from every worker {STEPS_TOGETHER})",
         group="schedule", record=True, check=AT_LEAST_1, recipe=True)
     momentum: float = setting(0.9, "momentum of the SGD optimizer (0: plain SGD)",
                               group="schedule", record=True, check=FRACTION)
@@ -109,20 +121,21 @@ class ModelParams:
              "of the one-cycle",
         group="schedule", record=True, check=POSITIVE, recipe=True)
     lr_reference_batch: int = setting(
-        0, "scale the peak learning rate linearly with the batch (Goyal et al. 2017): the peak "
-           "is --learning-rate x B / N for a global batch of B images (--train-batch-size, "
-           "times the workers with --sync); 0: no scaling, --learning-rate is the peak",
+        0, f"scale the peak learning rate linearly with the batch (Goyal et al. 2017): the peak "
+           f"is --learning-rate x B / N for a global batch of B images ({GLOBAL_BATCH}); 0: "
+           f"no scaling, --learning-rate is the peak",
         group="schedule", record=True, check=AT_LEAST_0, recipe=True)
     lr_schedule: str = setting(
         "piecewise", f"piecewise: the tutorial's drops at --lr-boundary-epochs; he: the "
                      f"paper's proportions of any run, x{HE_FACTORS[1]:g} at "
                      f"{HE_FRACTIONS[0] * 100:.0f}%% and x{HE_FACTORS[2]:g} at "
                      f"{HE_FRACTIONS[1] * 100:.0f}%% "
-                     f"of its steps (He et al. 2015), which --recipe paper follows when "
-                     f"--train-epochs is given and --lr-boundary-epochs is not; cosine: from the peak down to 0 at the end "
-                     f"of the run (Loshchilov and Hutter 2017); one-cycle: up from "
+                     f"of its steps (He et al. 2015); cosine: from the peak down to 0 at the "
+                     f"end of the run (Loshchilov and Hutter 2017); one-cycle: up from "
                      f"peak/{ONE_CYCLE_START_DIVISOR:g} to the peak, then down to "
-                     f"peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017)",
+                     f"peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017). "
+                     f"{', '.join(LENGTH_SHAPED_SCHEDULES)} follow the run's length: the job "
+                     f"dir records it, and a rerun of another length needs --change-settings",
         group="schedule", record=True, choices=LR_SCHEDULES,
         recipe=True)
     warmup_epochs: float = setting(
@@ -243,9 +256,11 @@ class TrainConfig(ModelParams):
               "docs/training.md, unless --train-epochs is given)",
         group="schedule", check=AT_LEAST_0)
     train_epochs: Optional[float] = setting(
-        None, "train this many epochs of the training file instead of --train-steps (an "
-              "epoch counted as the schedule counts it: train records // batch, times the "
-              "workers with --sync); fractions allowed",
+        None, f"train this many epochs of the training file instead of --train-steps (an "
+              f"epoch counted as the schedule counts it: train records // the global batch, "
+              f"{GLOBAL_BATCH}); fractions allowed. A ResNet on --recipe paper given none of "
+              f"{', '.join(flag(name) for name in SCHEDULE_FIELDS)} then takes --lr-schedule he "
+              f"(the paper's proportions of this length, not the tutorial's drops)",
         group="schedule", check=POSITIVE)
     num_gpus: int = setting(0, "GPUs per worker, one tower or replica each; 0 trains on the "
                                "CPU", group="devices", check=AT_LEAST_0)
@@ -321,23 +336,17 @@ class TrainConfig(ModelParams):
              "TensorBoard every N global steps", group="logging", check=AT_LEAST_1)
     log_device_placement: bool = setting(False, "log the device of every op", group="logging")
 
+    def model_params(self) -> ModelParams:
+        """The settings the model_fn reads, without the job's own."""
+        return ModelParams(**{f.name: getattr(self, f.name)
+                              for f in dataclasses.fields(ModelParams)})
+
     @property
     def checkpoint_secs(self) -> Optional[int]:
         """Seconds between checkpoints; Estimator's unless steps were chosen."""
         if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
             return ESTIMATOR_SECS
         return self.save_checkpoints_secs
-
-    def resolved_data_format(self) -> str:
-        if self.data_format:
-            return self.data_format
-        if self.model == TUTORIAL_CNN:
-            return "channels_last"  # its local response normalisation has no other layout
-        return "channels_first" if self.num_gpus > 0 else "channels_last"
-
-    @property
-    def num_towers(self) -> int:
-        return self.num_gpus if self.num_gpus > 0 else max(1, self.num_cpu_towers)
 
     @property
     def resolved_export_dir(self) -> str:

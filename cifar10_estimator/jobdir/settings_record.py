@@ -6,8 +6,9 @@ and its schedule, the batch size, the precision, augmentation and the data set. 
 worker or an evaluator whose settings differ would silently train or evaluate something else
 on the same checkpoints, so it is refused with one line that names every differing flag with
 its recorded and its new value. ``--train-steps`` is not part of the record: raising it is how
-a finished run trains longer, except under a schedule that spans the whole run (cosine,
-one-cycle), whose length is recorded: a longer run would change its learning rate mid-run. A deliberate change is made with ``--change-settings`` on the
+a finished run trains longer, except under a schedule that follows the run's length
+(``settings.LENGTH_SHAPED_SCHEDULES``), whose length is recorded: a longer run would change
+its learning rate mid-run. A deliberate change is made with ``--change-settings`` on the
 chief, which records the new values (and logs what changed).
 
 A record written before a setting existed lacks it. That older version trained with the
@@ -40,8 +41,9 @@ log = logging.getLogger("cifar10_estimator")
 RECORD_FILE = "settings.json"
 # Facts of the data set, from its metadata (they are not flags: --data-dir decides them).
 DATA_FIELDS = ("dataset", "num_classes")
-# The global steps a schedule whose shape depends on the run's length spans (cosine and
-# one-cycle): a resumed run with another length would change its learning rate mid-run.
+# The global steps a schedule whose shape depends on the run's length spans
+# (``settings.LENGTH_SHAPED_SCHEDULES``): a resumed run with another length would change its
+# learning rate mid-run.
 SCHEDULE_STEPS = "schedule_steps"
 _LABELS = {"dataset": "the data set's dataset", "num_classes": "the data set's num_classes",
            SCHEDULE_STEPS: "the steps the learning-rate schedule spans (from --train-steps or "

@@ -18,8 +18,8 @@ import tensorflow as tf
 from cifar10_estimator.data import pipeline, schema
 from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules,
                                      sync_replicas, towers, whitening)
-from cifar10_estimator.config.plan import Plan
-from cifar10_estimator.config.settings import TUTORIAL_BATCH, ModelParams
+from cifar10_estimator.config.plan import Plan, Schedule
+from cifar10_estimator.config.settings import ModelParams
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -43,13 +43,10 @@ class ModelSettings:
 
     params: ModelParams = ModelParams()
     data_format: str = "channels_last"
-    # Global steps per epoch = train records // global batch; drives the schedule.
-    steps_per_epoch: int = 1
-    total_steps: int = 1  # the global step training ends at: cosine and one-cycle span it
+    schedule: Schedule = Schedule()  # the learning rate over the run's global steps
     devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
     num_workers: int = 1  # training tasks: SyncReplicasOptimizer aggregates one per worker
     is_chief: bool = True
-    global_batch: int = TUTORIAL_BATCH  # images per global step: the learning rate scales by it
     compute_dtype: str = "float32"
     # Names of the classes in label order; their count is the width of the logits.
     class_names: Sequence[str] = schema.CLASS_NAMES
@@ -60,10 +57,9 @@ class ModelSettings:
     def of(cls, plan: Plan, compute_dtype: Optional[str] = None) -> "ModelSettings":
         """The plan's view for the model_fn; ``compute_dtype`` for an export that computes in
         another precision than the job trains in (``--serving-precision``)."""
-        return cls(params=plan.config, data_format=plan.data_format,
-                   steps_per_epoch=plan.steps_per_epoch, total_steps=plan.train_steps,
-                   devices=plan.devices, num_workers=plan.role.num_trainers,
-                   is_chief=plan.role.is_chief, global_batch=plan.global_batch,
+        return cls(params=plan.config.model_params(), data_format=plan.data_format,
+                   schedule=plan.schedule, devices=plan.devices,
+                   num_workers=plan.role.num_trainers, is_chief=plan.role.is_chief,
                    compute_dtype=compute_dtype or plan.compute_dtype,
                    class_names=plan.class_names, data_dir=plan.config.data_dir)
 
@@ -258,8 +254,7 @@ def _batch_norm_rates(gradvars, s: ModelSettings):
 def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelSettings):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     learning_rate = tf.identity(
-        schedules.learning_rate(global_step, s.params, s.steps_per_epoch, s.total_steps,
-                                s.global_batch),
+        schedules.learning_rate(global_step, s.schedule),
         name=LEARNING_RATE_TENSOR.split(":")[0])
     accuracy = tf.reduce_mean(tf.cast(tf.equal(classes, tf.cast(labels, tf.int64)), tf.float32),
                               name="train_accuracy_value")

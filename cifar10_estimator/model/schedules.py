@@ -14,9 +14,9 @@ Learning-rate schedules, all counted in global steps and epochs of the training 
   arXiv:1708.07120; the fractions and the rising share are ``config.settings``' ONE_CYCLE_*,
   PyTorch's ``OneCycleLR`` defaults).
 
-The peak is ``learning_rate``, scaled by global batch / ``lr_reference_batch`` when that is set:
-Goyal et al.'s linear scaling rule (section 2.1), which keeps the updates of one epoch the same
-size whatever the batch.
+The schedule's numbers (its peak, scaled to the global batch; its drops in global steps; the
+warm-up's steps; the run's length) are the plan's (``config.plan.Schedule``): this module turns
+them into tensors.
 
 A warm-up (``warmup_epochs``; Goyal et al. 2017, "Accurate, Large Minibatch SGD",
 arXiv:1706.02677) scales the rate linearly from 0 to full over its epochs: for ``piecewise``
@@ -28,49 +28,30 @@ import math
 
 import tensorflow as tf
 
-from cifar10_estimator.config.settings import (HE_FACTORS, HE_FRACTIONS, ONE_CYCLE_END_DIVISOR,
-                                               ONE_CYCLE_RISE, ONE_CYCLE_START_DIVISOR,
-                                               ModelParams)
+from cifar10_estimator.config.plan import Schedule
+from cifar10_estimator.config.settings import (ONE_CYCLE_END_DIVISOR, ONE_CYCLE_RISE,
+                                               ONE_CYCLE_START_DIVISOR)
 
 
-def peak_learning_rate(params: ModelParams, global_batch: int) -> float:
-    """The schedule's peak for global steps of ``global_batch`` images."""
-    if not params.lr_reference_batch:
-        return params.learning_rate
-    return params.learning_rate * global_batch / params.lr_reference_batch
-
-
-def learning_rate(global_step: tf.Tensor, params: ModelParams, steps_per_epoch: int,
-                  total_steps: int, global_batch: int) -> tf.Tensor:
-    """The learning rate at ``global_step`` of a run of ``total_steps`` global steps of
-    ``global_batch`` images each."""
+def learning_rate(global_step: tf.Tensor, schedule: Schedule) -> tf.Tensor:
+    """The learning rate of ``schedule`` at ``global_step``."""
     step = tf.cast(global_step, tf.float32)
-    peak = peak_learning_rate(params, global_batch)
-    warmup = params.warmup_epochs * steps_per_epoch
-    if params.lr_schedule == "one-cycle":
-        return _one_cycle(step, peak, warmup or ONE_CYCLE_RISE * total_steps, total_steps)
-    if params.lr_schedule == "cosine":
-        progress = tf.clip_by_value((step - warmup) / max(total_steps - warmup, 1.0), 0.0, 1.0)
+    peak, warmup, total = schedule.peak, schedule.warmup_steps, schedule.total_steps
+    if schedule.kind == "one-cycle":
+        return _one_cycle(step, peak, warmup or ONE_CYCLE_RISE * total, total)
+    if schedule.kind == "cosine":
+        progress = tf.clip_by_value((step - warmup) / max(total - warmup, 1.0), 0.0, 1.0)
         rate = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
+    elif not schedule.boundaries:  # piecewise_constant needs one boundary at least
+        rate = tf.constant(peak * schedule.factors[0], tf.float32)
     else:
-        boundaries, factors = drops(params, steps_per_epoch, total_steps)
-        values = [peak * f for f in factors]
-        rate = tf.cast(tf.compat.v1.train.piecewise_constant(global_step, boundaries, values),
-                       tf.float32)
+        values = [peak * f for f in schedule.factors]
+        rate = tf.cast(tf.compat.v1.train.piecewise_constant(
+            global_step, list(schedule.boundaries), values), tf.float32)
     if warmup > 0:
         # Step 0 already trains: (step + 1) / warmup reaches the peak at the warm-up's end.
         rate *= tf.minimum(1.0, (step + 1.0) / warmup)
     return rate
-
-
-def drops(params: ModelParams, steps_per_epoch: int, total_steps: int
-          ) -> tuple[list[int], tuple[float, ...]]:
-    """(boundaries, factors) of a ``piecewise`` or ``he`` schedule: the rate is the peak times
-    factors[i] after boundaries[i - 1] (global steps) and up to boundaries[i]."""
-    if params.lr_schedule == "he":
-        return [int(total_steps * f) for f in HE_FRACTIONS], HE_FACTORS
-    return ([int(steps_per_epoch * e) for e in params.lr_boundary_epochs],
-            params.lr_decay_factors)
 
 
 def _one_cycle(step: tf.Tensor, peak: float, rise: float, total: int) -> tf.Tensor:

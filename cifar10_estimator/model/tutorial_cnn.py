@@ -13,8 +13,7 @@ Every layer has a bias; the variable names are the tutorial's (``conv1/weights``
 normals of standard deviation 0.05 (convolutions), 0.04 (the two hidden layers) and 1/192 (the
 output), and biases of 0, 0.1, 0.1, 0.1 and 0. Weight decay applies to the two hidden layers'
 weights only (``DECAYED_WEIGHTS``, 0.004 in the tutorial; the model's defaults are in
-``params.MODEL_DEFAULTS``). For 10 classes the network has
-1,068,298 trainable parameters (``parameter_count``).
+``config.overlays.MODELS``). For 10 classes the network has 1,068,298 trainable parameters.
 
 The standardisation and the crop sit in the network, not in the input pipeline, so that the
 export serves 32x32 pictures as the tutorial's evaluation read them. Its training augmentation
@@ -104,14 +103,3 @@ def tutorial_cnn(images: tf.Tensor, *, num_classes: int = 10,
     logits = _dense(x, "softmax_linear", num_classes, 1.0 / HIDDEN_UNITS[-1], 0.0,
                     compute_dtype)
     return tf.cast(logits, tf.float32)
-
-
-def parameter_count(num_classes: int) -> int:
-    """Trainable parameters for ``num_classes`` classes: 1,068,298 for 10."""
-    conv1 = KERNEL_SIZE * KERNEL_SIZE * 3 * CONV_FILTERS + CONV_FILTERS
-    conv2 = KERNEL_SIZE * KERNEL_SIZE * CONV_FILTERS * CONV_FILTERS + CONV_FILTERS
-    flat = (IMAGE_SIZE // 4) ** 2 * CONV_FILTERS  # two stride-2 pools: 24 -> 12 -> 6
-    local3 = flat * HIDDEN_UNITS[0] + HIDDEN_UNITS[0]
-    local4 = HIDDEN_UNITS[0] * HIDDEN_UNITS[1] + HIDDEN_UNITS[1]
-    output = HIDDEN_UNITS[1] * num_classes + num_classes
-    return conv1 + conv2 + local3 + local4 + output

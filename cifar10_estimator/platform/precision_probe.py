@@ -19,12 +19,14 @@ import dataclasses
 import logging
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.plan import DTYPES, Plan
+from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import networks
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
@@ -164,22 +166,26 @@ def check_requested(requested: str, num_gpus: int, machine: Machine) -> None:
                               gpu_capabilities=precision.gpu_capabilities(num_gpus))
 
 
-def choose_training(plan: Plan, machine: Machine, recorded: Optional[str]) -> str:
-    """What ``plan``'s job computes in: ``--precision`` itself, or for ``auto`` the job's
-    ``recorded`` choice, else what fits this machine (measured on ``plan``'s training step
-    where the CPU has native bf16); logs the CPU and the choice with its reason. ``plan``'s own
-    precision is not read: the probe times the step in both."""
-    config = plan.config
+def choose_training(config: TrainConfig, class_names: Sequence[str], machine: Machine,
+                    recorded: Optional[str]) -> str:
+    """What ``config``'s job computes in: ``--precision`` itself, or for ``auto`` the job's
+    ``recorded`` choice, else what fits this machine (measured on one worker's training step,
+    on the devices and in the layout the plan will have, where the CPU has native bf16); logs
+    the CPU and the choice with its reason. It runs before the task's plan is made: the plan
+    holds the precision this returns."""
     describe_cpu = machine.cpu.describe()
-    work = (f"training {networks.describe(config)}, batch {plan.worker_batch} on "
-            f"{', '.join(plan.devices)}, {plan.data_format}, threads "
+    devices, layout = plans.tower_devices(config), plans.data_format(config)
+    work = (f"training {networks.describe(config)}, batch {config.train_batch_size} on "
+            f"{', '.join(devices)}, {layout}, threads "
             f"{config.num_intra_threads}/{config.num_inter_threads}{', XLA' if config.xla else ''}")
+    step = ModelSettings(params=config.model_params(), data_format=layout, devices=devices,
+                         class_names=tuple(class_names), data_dir=config.data_dir)
     choice = precision.resolve_precision(
         config.precision, machine.cpu, onednn=machine.onednn,
         gpu_capabilities=precision.gpu_capabilities(config.num_gpus),
         measure=lambda: precision_cache.measured(
             machine.cache, describe_cpu, work, lambda: measure_training(
-                ModelSettings.of(plan), plan.worker_batch, session_config(config))),
+                step, config.train_batch_size, session_config(config))),
         cached=precision_cache.cached(machine.cache, describe_cpu, work),
         recorded=recorded if config.precision == "auto" else None)
     log.info("CPU: %s; oneDNN %s", describe_cpu, "on" if machine.onednn else "off")

@@ -13,7 +13,7 @@ def session_config(config: TrainConfig, device_filters: Sequence[str] = ()
     """Threading, placement and logical CPU devices for every session of the job.
 
     ``device_filters`` limits a cluster task's sessions to the tasks it needs
-    (``distributed.cluster.device_filters``).
+    (``distributed.peers.device_filters``).
     """
     proto = tf.compat.v1.ConfigProto(
         allow_soft_placement=True,

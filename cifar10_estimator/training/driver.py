@@ -1,12 +1,12 @@
 """The driver: a task's plan in, ``tf.estimator.train_and_evaluate`` run, SavedModel out.
 
-The command has parsed the settings and this task's role (``distributed.roles``, from the
-``TF_CONFIG`` value it read) and checked both. Each task then starts (``distributed.start``:
+The command has parsed the settings and this task's role (``distributed.tf_config``, from the
+``TF_CONFIG`` value it read) and checked both. Each task then starts (``training.start``:
 the data checked, the plan resolved, the waits for the rest of the cluster, the chief's lock
 and the settings record). Locally it then trains, evaluates each new checkpoint (at most every
 ``--eval-throttle-secs``) and once at the end, then exports. Rerunning with the same job dir
 resumes from the latest checkpoint there; rerunning a finished job reports its result and
-trains and exports nothing (``evaluation.final``).
+trains and exports nothing (``training.end``).
 
 In a cluster the role decides: a ``ps`` serves variables until the training tasks are done;
 ``chief`` and ``worker`` train against the parameter servers, asynchronously or with
@@ -32,14 +32,13 @@ from typing import Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.config.plan import Role
+from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TrainConfig
-from cifar10_estimator.distributed import allreduce, cluster, evaluator, start
+from cifar10_estimator.distributed import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
-from cifar10_estimator.evaluation import final
-from cifar10_estimator.evaluation.final import TrainResult
 from cifar10_estimator.jobdir import guards
-from cifar10_estimator.training import fence, specs
+from cifar10_estimator.training import end, fence, specs, start
+from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.preemption import Preemption, stopped_line
 
 log = logging.getLogger("cifar10_estimator")
@@ -50,7 +49,7 @@ _REPORT_TIMEOUT_SECS = 30
 
 def train_and_evaluate(config: TrainConfig, role: Role, machine: start.Machine,
                        preemption: Optional[Preemption] = None) -> TrainResult:
-    """Trains, evaluates and (on the chief) exports, as ``role`` (``distributed.roles.parse``
+    """Trains, evaluates and (on the chief) exports, as ``role`` (``distributed.tf_config.parse``
     of TF_CONFIG's value) says. ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
     and ``errors.Stopped``."""
@@ -87,16 +86,16 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
     plan = task.plan
     config, role = plan.config, plan.role
     # What exports compute with, decided (and probed) once, by a task that exports.
-    serving = functools.cache(lambda: final.serving_settings(plan, machine))
+    serving = functools.cache(lambda: end.serving_settings(plan, machine))
     if role.is_chief:
-        finished = final.finished(plan, serving)
+        finished = end.finished(plan, serving)
         if finished:
             return finished
     evaluates = role.local or role.task_type == "evaluator"
     if role.is_chief or (evaluates and config.export_best):
         serving()
     estimator = specs.estimator(task)
-    best = final.best_export(plan, serving()) if (
+    best = end.best_export(plan, serving()) if (
         config.export_best and (evaluates or role.is_chief)) else None
     train_spec, eval_spec = specs.specs(task, preemption, best.consider if best else None)
     if role.task_type == "evaluator":
@@ -113,21 +112,24 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
             # The chief leads the job's coordination service and exports now (and, where it
             # evaluates at the end, reports): a worker that left first would be logged as
             # failed by that service once its heartbeats stop.
-            final.wait_for_end(plan, step, config.cluster_timeout_secs)
-        return TrainResult(metrics, None, role=role.kind, steps_trained=step - task.start_step)
+            end.wait_for_end(plan, step, config.cluster_timeout_secs)
+        steps = step - task.start_step
+        return TrainResult(metrics, None, role=role.kind, steps_trained=steps,
+                           images_trained=plan.worker_images(steps))
 
     def evaluate() -> dict:
         with guards.training_errors(config.data_dir, config.job_dir):
             return estimator.evaluate(eval_spec.input_fn, hooks=eval_spec.hooks)
 
-    metrics, export, report, step = final.conclude(plan, metrics, serving, evaluate,
+    metrics, export, report, step = end.conclude(plan, metrics, serving, evaluate,
                                                    lambda: _check_lock(task))
-    result = TrainResult(metrics, export, report, step - task.start_step, role.kind)
+    steps = step - task.start_step
+    result = TrainResult(metrics, export, report, steps, role.kind, plan.worker_images(steps))
     if plan.all_reduce_trainer:
         # The chief leads the job's coordination service: leaving before the workers have
         # ended their sessions makes them log errors about it. The workers leave once this
-        # export exists (final.wait_for_end).
-        cluster.wait_until_gone(role.peers, _REPORT_TIMEOUT_SECS)
+        # export exists (end.wait_for_end).
+        peers.wait_until_gone(role.peers, _REPORT_TIMEOUT_SECS)
     return result
 
 
@@ -136,7 +138,7 @@ def _evaluate_only(task: start.Task, estimator, eval_spec, best) -> TrainResult:
     plan = task.plan
 
     def after(metrics, path):
-        log.info(final.evaluation_line(metrics))
+        log.info(end.evaluation_line(metrics))
         if best:
             best.consider(metrics, path)
 
@@ -144,7 +146,7 @@ def _evaluate_only(task: start.Task, estimator, eval_spec, best) -> TrainResult:
         metrics = evaluator.evaluate_checkpoints(
             estimator, eval_spec.input_fn, plan.train_steps,
             plan.config.eval_throttle_secs, on_evaluation=after, hooks=eval_spec.hooks)
-    return TrainResult(metrics, None, final.write_report(plan, metrics), role="evaluator")
+    return TrainResult(metrics, None, end.write_report(plan, metrics), role="evaluator")
 
 
 def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval_spec
@@ -170,6 +172,6 @@ def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval
         raise Stopped(signal.SIGTERM, why="stopped with the job (another task received a signal)")
     if role.in_cluster and role.num_ps:
         # Lets the parameter servers exit; the export below does not need them.
-        cluster.report_done(role.cluster, f"{role.task_type}:{role.task_id}",
+        peers.report_done(role.cluster, f"{role.task_type}:{role.task_id}",
                             _REPORT_TIMEOUT_SECS)
     return result[0] if result else None

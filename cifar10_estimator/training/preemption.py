@@ -172,7 +172,7 @@ class _EvaluationHook(tf.estimator.SessionRunHook):
 def stopped_line(stop: Stopped, role, job_dir: Optional[str],
                  last_step: Optional[int]) -> str:
     """What a task that received a signal (or stopped with one that did) says before it
-    exits; ``role`` is its ``config.plan.Role``."""
+    exits; ``role`` is its ``config.role.Role``."""
     head = stop.why or f"received {stop.name}"
     if role.task_type == "ps":
         return (f"{head}: parameter server stopped (the chief's checkpoints hold the "

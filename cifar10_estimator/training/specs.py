@@ -8,10 +8,10 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from cifar10_estimator.config.settings import TOWERS
-from cifar10_estimator.distributed import allreduce, cluster
-from cifar10_estimator.distributed.start import Task
+from cifar10_estimator.distributed import allreduce, peers
+from cifar10_estimator.training.start import Task
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.evaluation.final import evaluation_line
+from cifar10_estimator.training.end import evaluation_line
 from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
@@ -26,7 +26,7 @@ def run_config(task: Task) -> tf.estimator.RunConfig:
     """The Estimator's RunConfig for ``task``.
 
     Estimator reads TF_CONFIG itself for the cluster and the role (the command passes the
-    value ``roles.parse`` read). With a tf.distribute strategy Estimator runs a multi-worker
+    value ``tf_config.parse`` read). With a tf.distribute strategy Estimator runs a multi-worker
     strategy's tasks as its distribute coordinator's independent workers (which start their
     own servers): that RunConfig's ``task_type`` and ``is_chief`` are not this task's role
     (every task reads as a chief 'worker'); the role is the plan's.
@@ -37,7 +37,7 @@ def run_config(task: Task) -> tf.estimator.RunConfig:
     if worker_delay is None and plan.steps_together:
         # Staggering exists for async updates; a sync step waits for every worker anyway.
         worker_delay = 0
-    filters = (cluster.device_filters(role.task_type, role.task_id)
+    filters = (peers.device_filters(role.task_type, role.task_id)
                # (An all-reduce step talks to every worker: no filters there.)
                if role.in_cluster and config.distribution_strategy == TOWERS else ())
     try:
@@ -132,7 +132,7 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
                 skip=lambda: preemption.signum is not None) if precise else None,
             listeners))
     if role.in_cluster and role.num_ps:
-        train_hooks.append(cluster.ParameterServerWatchdog(
+        train_hooks.append(peers.ParameterServerWatchdog(
             role.ps_tasks, config.cluster_timeout_secs,
             "start it again on the same address and rerun the tasks that stopped with the "
             "same flags: the chief resumes from the latest checkpoint in --job-dir"))

@@ -12,14 +12,14 @@ from typing import Optional
 from cifar10_estimator import storage
 from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
-from cifar10_estimator.evaluation.final import TrainResult
+from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.progress import format_duration
 
 
 def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> list[str]:
     """The run summary: wall time, final accuracy, throughput over the run, and the commands
     that use what it wrote (predict, TF Serving, TensorBoard)."""
-    lines = [_head(config, result, seconds)]
+    lines = [_head(result, seconds)]
     python = shlex.quote(sys.executable)
     if result.export_path:
         export = shlex.quote(result.export_path)
@@ -50,7 +50,7 @@ def _tool(name: str) -> str:
     return shlex.quote(path) if os.access(path, os.X_OK) else name
 
 
-def _head(config: TrainConfig, result: TrainResult, seconds: float) -> str:
+def _head(result: TrainResult, seconds: float) -> str:
     head = f"run summary: wall time {format_duration(seconds)}"
     metrics: Optional[dict] = result.eval_metrics
     if metrics and "accuracy" in metrics:
@@ -58,7 +58,7 @@ def _head(config: TrainConfig, result: TrainResult, seconds: float) -> str:
                  f"{int(metrics.get('global_step', 0))}")
     steps = result.steps_trained
     if steps > 0 and seconds > 0:
-        # Over the whole run (start-up and evaluations included), global steps of one batch.
-        head += (f", {steps} steps, {steps * config.train_batch_size / seconds:.1f} images/s "
+        # Over the whole run, start-up and evaluations included.
+        head += (f", {steps} steps, {result.images_trained / seconds:.1f} images/s "
                  f"over the run")
     return head

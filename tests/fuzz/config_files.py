@@ -8,7 +8,7 @@ files (``@FILE`` on any command line) and the ``TF_CONFIG`` cluster description.
 - ``flag-file``: ``config.flags.parse`` (the trainer's command line, through ``cli.Parser``)
   expands ``@FILE`` arguments: generated and damaged flag lines, files that include each other,
   and a pipe, socket or device named as a flag file.
-- ``tf-config``: ``distributed.roles.parse`` checks the variable's value and makes the role,
+- ``tf-config``: ``distributed.tf_config.parse`` checks the variable's value and makes the role,
   then Estimator's ``RunConfig`` reads it (it must take it and see the same role; it reads the
   environment itself: set here for the case, in this process, and restored).
 
@@ -410,19 +410,19 @@ def _tf_config(value: str):
 def _check_tf_config(case: str, scratch: str, context) -> str:
     import tensorflow as tf
 
-    from cifar10_estimator.distributed import roles
+    from cifar10_estimator.distributed import tf_config
 
-    outcome, role = harness.refused(lambda: roles.parse(case), "TF_CONFIG")
+    outcome, role = harness.refused(lambda: tf_config.parse(case), "TF_CONFIG")
     if outcome != harness.ACCEPTED:
         return outcome
     # Accepted: the strategy's checks answer in one line, and Estimator, which reads the
     # variable itself, must take what the trainer sets it to (the case, or the shape parse
     # mapped) and see the same role.
     config = TrainConfig(job_dir=os.path.join(scratch, "job"))
-    outcome, _ = harness.refused(lambda: roles.check_strategy(config, role), "TF_CONFIG")
+    outcome, _ = harness.refused(lambda: tf_config.check_strategy(config, role), "TF_CONFIG")
     if outcome != harness.ACCEPTED:
         return outcome
-    with _tf_config(roles.estimator_tf_config(case, role) or "{}"):
+    with _tf_config(tf_config.estimator_tf_config(case, role) or "{}"):
         try:
             rc = tf.estimator.RunConfig(model_dir=config.job_dir)
         except ValueError as e:
@@ -477,7 +477,7 @@ KINDS = [
     ),
     harness.Kind(
         name="tf-config",
-        reader="distributed.roles.parse, Estimator's RunConfig",
+        reader="distributed.tf_config.parse, Estimator's RunConfig",
         tried="clusters of chief or master, workers (up to 10,000), ps and an evaluator with "
               "each role; the same with the task, index, type, addresses (no port, port 0 or "
               "65536, Unicode hosts, spaces), job names, cluster or extra keys replaced by "

@@ -5,19 +5,18 @@ the precision the job computes in and the settings record checked.
 In order (``start``):
 
 1. The data: the record files checked against their metadata (a file cut short can read as a
-   shorter valid one), the data set's classes and the training records counted.
-2. The plan (``config.plan.resolve``), but for its precision, which the job's record or a
-   probe decides below; the role and the run's length are logged with it.
-3. Waits, bounded by ``--cluster-timeout-secs``: a cluster's trainer for the parameter
+   shorter valid one), the data set's classes and the training records counted; the role
+   logged.
+2. Waits, bounded by ``--cluster-timeout-secs``: a cluster's trainer for the parameter
    servers; a worker or evaluator for the chief's first checkpoint (proof that the job dir is
    shared, and a worker arriving before the chief has initialised the variables would sleep
    30 s between checks, SessionManager's ``recovery_wait_secs``), or, in an all-reduce job,
    only for the chief's settings record (the chief cannot save before the first step, which
    the workers join).
-4. The chief (or a local run): the job dir checked and locked (``jobdir.lock``: it holds the
+3. The chief (or a local run): the job dir checked and locked (``jobdir.lock``: it holds the
    lock to its end); then every task: the precision (``--precision auto`` follows the job's
-   record, else measures) and the plan complete; the settings checked against the record (the
-   chief writes it).
+   record, else measures), then the plan (``config.plan.resolve``), made once and logged; the
+   settings checked against the record (the chief writes it).
 
 Also here: the strategy object of ``--distribution-strategy`` (made before TensorFlow's runtime
 starts) and the parameter server's whole run.
@@ -32,11 +31,12 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from cifar10_estimator.config import checks, plan as plans
-from cifar10_estimator.config.plan import Plan, Role
+from cifar10_estimator.config.plan import Plan, Schedule
+from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TOWERS, TrainConfig
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cifar10_estimator.distributed import allreduce, cluster, roles
+from cifar10_estimator.distributed import allreduce, peers, tf_config
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
@@ -76,8 +76,8 @@ def make_strategy(config: TrainConfig, role: Role) -> Optional[tf.distribute.Str
                         f"process with fewer CPU devices; run the trainer in a process of its "
                         f"own (python -m cifar10_estimator)")
     try:
-        return allreduce.make_strategy(config.distribution_strategy, plans.tower_devices(
-            config.num_gpus, config.num_cpu_towers))
+        return allreduce.make_strategy(config.distribution_strategy,
+                                       plans.tower_devices(config))
     except RuntimeError as e:  # collective operations after TensorFlow's runtime started
         raise UserError(f"--distribution-strategy {config.distribution_strategy}: {e}; run the "
                         f"trainer in a process of its own (python -m cifar10_estimator)") from None
@@ -93,8 +93,8 @@ def check_machine(config: TrainConfig, machine: Machine) -> None:
 
 def serve_variables(config: TrainConfig, role: Role) -> None:
     """A parameter server's run: serves variables until every training task reported done."""
-    log.info("role: ps %d of the cluster %s", role.task_id, roles.describe(role.cluster))
-    cluster.run_parameter_server(role.cluster, role.task_id, config.cluster_timeout_secs)
+    log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster))
+    peers.run_parameter_server(role.cluster, role.task_id, config.cluster_timeout_secs)
 
 
 def start(config: TrainConfig, role: Role, machine: Machine, stack: contextlib.ExitStack,
@@ -108,21 +108,20 @@ def start(config: TrainConfig, role: Role, machine: Machine, stack: contextlib.E
     for split in ("eval",) if role.task_type == "evaluator" else ("train", "eval"):
         metadata.verify_split(config.data_dir, split)
     info = metadata.dataset_info(config.data_dir)
-    # The precision is decided below; everything else is known now.
-    draft = plans.resolve(config, role, dataset=info.dataset, class_names=info.class_names,
-                          train_records=train_data.num_examples(), precision="fp32")
-    log.info(roles.role_line(draft))
-    log.info(_plan_line(draft))
-    _wait_for_peers(draft)
+    log.info(tf_config.role_line(role, config))
+    _wait_for_peers(config, role)
     lock = None
     if role.is_chief:
         guards.check_job_dir(config.job_dir, config, info.num_classes)
         lock = stack.enter_context(JobLock(config.job_dir))
         before_exit(lambda _: lock.release())
     recorded = settings_record.read(config.job_dir) or {}
-    plan = dataclasses.replace(draft, precision=precision_probe.choose_training(
-        draft, machine, None if role.is_chief and config.change_settings
-        else recorded.get("precision")))
+    precision = precision_probe.choose_training(
+        config, info.class_names, machine,
+        None if role.is_chief and config.change_settings else recorded.get("precision"))
+    plan = plans.resolve(config, role, dataset=info.dataset, class_names=info.class_names,
+                         train_records=train_data.num_examples(), precision=precision)
+    log.info(_plan_line(plan))
     current = settings_record.of_plan(plan)
     if not role.is_chief:
         settings_record.check(config.job_dir, current, is_chief=False)
@@ -145,24 +144,23 @@ def start(config: TrainConfig, role: Role, machine: Machine, stack: contextlib.E
                 agreed_stop, strategy, lock)
 
 
-def _wait_for_peers(plan: Plan) -> None:
-    config, role = plan.config, plan.role
+def _wait_for_peers(config: TrainConfig, role: Role) -> None:
     if role.in_cluster:
         # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
         # A trainer's sessions use only the parameter servers (and itself); a worker learns
         # that the chief is up from its checkpoint, below.
-        cluster.wait_for_tasks(role.ps_tasks, config.cluster_timeout_secs)
+        peers.wait_for_tasks(role.ps_tasks, config.cluster_timeout_secs)
     if role.is_chief:
         return
-    if plan.all_reduce_trainer:
+    if plans.all_reduce_trainer(config, role):
         allreduce.wait_for_file(os.path.join(config.job_dir, settings_record.RECORD_FILE),
                                 config.cluster_timeout_secs, "the chief's settings record")
     else:
-        cluster.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
+        peers.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
 
 
 def _plan_line(plan: Plan) -> str:
-    config = plan.config
+    config, schedule = plan.config, plan.schedule
     how = ("towers" if config.distribution_strategy == TOWERS
            else f"{config.distribution_strategy} replicas")
     own = (f", {plan.length_from}" if plan.length_from.startswith(f"the {config.recipe} recipe")
@@ -172,30 +170,27 @@ def _plan_line(plan: Plan) -> str:
             f"{plan.num_classes} classes, {plan.train_records} train records, "
             f"{plan.steps_per_epoch} steps per epoch, {plan.train_steps} steps in all "
             f"({plan.train_steps / plan.steps_per_epoch:.4g} epochs{own}), "
-            f"{config.lr_schedule} learning rate peaking at "
-            f"{schedules.peak_learning_rate(config, plan.global_batch):.4g}{_drops(plan)}")
+            f"{schedule.kind} learning rate peaking at {schedule.peak:.4g}{_drops(schedule)}")
 
 
-def _drops(plan: Plan) -> str:
+def _drops(schedule: Schedule) -> str:
     """``, x0.1 after step 50 and x0.01 after step 75 (He et al.'s proportions of the run)``
     for an ``he`` schedule, whose steps follow the length; nothing for the others."""
-    if plan.config.lr_schedule != "he":
+    if schedule.kind != "he":
         return ""
-    boundaries, factors = schedules.drops(plan.config, plan.steps_per_epoch, plan.train_steps)
-    return (", " + " and ".join(f"x{f:g} after step {b}" for b, f in zip(boundaries,
-                                                                          factors[1:]))
+    return (", " + " and ".join(f"x{f:g} after step {b}" for b, f in zip(schedule.boundaries,
+                                                                          schedule.factors[1:]))
             + " (He et al.'s proportions of the run)")
 
 
 def schedule_change(plan: Plan, recorded_steps: int, at_step: int) -> str:
     """What the learning rate does when ``--change-settings`` gives a length-shaped schedule a
     new length: its value at ``at_step`` before and after, and where it now ends."""
-    def rate(total: int) -> float:
-        return float(schedules.learning_rate(
-            tf.constant(at_step, tf.int64), plan.config, plan.steps_per_epoch, total,
-            plan.global_batch))
+    def rate(schedule: Schedule) -> float:
+        return float(schedules.learning_rate(tf.constant(at_step, tf.int64), schedule))
 
-    return (f"the {plan.config.lr_schedule} schedule now spans {plan.train_steps} steps "
+    before = plan.with_length(recorded_steps).schedule
+    return (f"the {plan.schedule.kind} schedule now spans {plan.train_steps} steps "
             f"instead of {recorded_steps}: at step {at_step} the learning rate goes from "
-            f"{rate(recorded_steps):.4g} to {rate(plan.train_steps):.4g}, and it reaches its "
+            f"{rate(before):.4g} to {rate(plan.schedule):.4g}, and it reaches its "
             f"end at step {plan.train_steps}")

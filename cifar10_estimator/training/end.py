@@ -1,5 +1,5 @@
-"""The end of a run: its result, the final evaluation's report, the final export, and whether
-a job dir already holds all three ("already finished": nothing is trained again).
+"""The end of training: a task's result, the final evaluation's report, the final export, and
+whether a job dir already holds all three ("already finished": nothing is trained again).
 
 The chief (or a local run) asks ``finished`` before it trains; after training it exports the
 final checkpoint (``export_final``, unless an export of that step exists) and writes the report
@@ -40,6 +40,7 @@ class TrainResult:
     report_path: Optional[str] = None  # JOB/eval_report.json, by the task that evaluated
     steps_trained: int = 0  # global steps this run added (0 for an evaluator)
     role: str = "local"  # the task's type in TF_CONFIG's cluster, or "local"
+    images_trained: int = 0  # the images of this task's batches in those steps
 
 
 # The evaluation's log line, for the loop (training/) that logs each evaluation.
@@ -149,10 +150,21 @@ def finished(plan: Plan, serving: Callable[[], ModelSettings]) -> Optional[Train
         log.info("already trained to step %d in %s%s: nothing to train; exported its final "
                  "checkpoint, which had no export, to %s", step, config.job_dir, shown, export)
     else:
-        log.info("already trained to step %d in %s%s: nothing to train or export (raise "
-                 "--train-steps to train longer); its export is %s%s", step, config.job_dir,
-                 shown, export, f" and its report {path}" if path else "")
+        log.info("already trained to step %d in %s%s: nothing to train or export (%s); its "
+                 "export is %s%s", step, config.job_dir, shown, _longer(plan), export,
+                 f" and its report {path}" if path else "")
     return TrainResult(metrics, export, path, 0, plan.role.kind)
+
+
+def _longer(plan: Plan) -> str:
+    """How to train a finished job longer, as its schedule allows: a length-shaped schedule
+    recorded its length (``jobdir.settings_record``), so a longer run changes its course and
+    needs --change-settings."""
+    flag = "--train-epochs" if plan.length_from == "--train-epochs" else "--train-steps"
+    if plan.schedule.length_shaped:
+        return (f"to train longer, raise {flag} with --change-settings: the "
+                f"{plan.schedule.kind} schedule then spans the new length")
+    return f"raise {flag} to train longer"
 
 
 def write_report(plan: Plan, metrics: Optional[dict]) -> Optional[str]:

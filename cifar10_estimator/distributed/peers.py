@@ -1,6 +1,6 @@
 """Being one task of a TensorFlow cluster: reachability, parameter servers, the end of training.
 
-The cluster and this task's role come from ``roles.parse`` (of the ``TF_CONFIG`` value the
+The cluster and this task's role come from ``tf_config.parse`` (of the ``TF_CONFIG`` value the
 command read) as plain values; nothing in this module reads the environment.
 
 What it owns:
@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator.config.plan import TRAINER_JOBS
+from cifar10_estimator.config.role import TRAINER_JOBS
 from cifar10_estimator.errors import UserError
 
 log = logging.getLogger("cifar10_estimator")

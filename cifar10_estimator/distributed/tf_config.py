@@ -1,4 +1,5 @@
-"""Who this task is: ``TF_CONFIG``'s value checked and parsed into a ``Role``, once.
+"""Who this task is: ``TF_CONFIG``'s value checked and parsed, once, into a ``Role``
+(``config.role``).
 
 The command reads the variable and hands its value here; nothing in this module reads the
 environment. Estimator's ``RunConfig`` and TensorFlow's multi-worker strategy still read the
@@ -16,7 +17,7 @@ import json
 import re
 from typing import Mapping, Optional, Sequence
 
-from cifar10_estimator.config.plan import Plan, Role
+from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, TOWERS,
                                                TrainConfig)
 from cifar10_estimator.errors import UserError
@@ -187,13 +188,11 @@ def describe(cluster: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{job} {', '.join(cluster[job])}" for job in sorted(cluster))
 
 
-def role_line(plan: Plan) -> str:
-    """The log's line on this task's role."""
-    role, config = plan.role, plan.config
+def role_line(role: Role, config: TrainConfig) -> str:
+    """The log's line on this task's role (the task logs its plan once it has one)."""
     if role.task_type == "evaluator":
         return (f"role: evaluator: evaluates new checkpoints in {config.job_dir} (at most every "
-                f"{config.eval_throttle_secs} s while training runs) and the final one, at "
-                f"global step {plan.train_steps}, at once")
+                f"{config.eval_throttle_secs} s while training runs) and the final one at once")
     if role.local:
         return "role: local (no cluster in TF_CONFIG)"
     updates = ("collective all-reduce" if config.distribution_strategy != TOWERS else
