@@ -5,8 +5,8 @@ Five foundations every layer may use (``errors``, ``cli``, ``storage``, ``logs``
 ``estimator_compat``), then the settings' home and the subpackages along the data's path; each
 imports only from those before it:
 
-- ``config``: every setting once, its flag, its checks, and the models', strategies' and
-  recipes' overlays on the defaults;
+- ``config``: every setting once, its flag, its checks, the models', strategies' and
+  recipes' overlays on the defaults, a task's role and its plan;
 - ``data``: python batches, archives, sample data and image folders -> TFRecords, and the
   ``tf.data`` input pipeline that reads them back;
 - ``model``: the networks (the ResNet and the first tutorial's CNN), towers, the Estimator
@@ -16,11 +16,12 @@ imports only from those before it:
 - ``platform``: the machine: its CPU and oneDNN, the precision that fits it (probed and
   cached), the local cluster's private network namespace;
 - ``jobdir``: the job dir's checks, its one-trainer lock and its settings record;
-- ``distributed``: a cluster's roles and waits, parameter servers, the all-reduce strategies,
-  the evaluator task and the local cluster launcher;
+- ``distributed``: ``TF_CONFIG``'s role, the other tasks' waits and parameter servers, the
+  all-reduce strategies, the evaluator task, and the launchers (local processes, Ray actors);
 - ``evaluation``: evaluating an export or a checkpoint once, and the evaluation report;
-- ``training``: a task resolved before it trains, the ``train_and_evaluate`` driver, progress,
-  the lock holder's fence, preemption, precise batch norm and the run summary.
+- ``training``: a task's start (its plan resolved), the ``train_and_evaluate`` driver, progress,
+  the lock holder's fence, preemption, precise batch norm, the end of training (result, final
+  export and report) and the run summary.
 
 The top-level modules beside them are the commands (``train``/``__main__``, ``generate``,
 ``predict``, ``evaluate``, ``demo``, ``cluster``). docs/architecture.md draws the cut.
