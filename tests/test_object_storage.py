@@ -415,20 +415,28 @@ class _Relay:
         self.port = free_ports(1)[0]
         self._listener = None
         self._connections: list[socket.socket] = []
+        # stop() and a connection accepted while it runs: without the lock, one accepted just
+        # before the listener closed would be added after the cut and keep the server reachable.
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", self.port))
         threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
 
     def stop(self) -> None:
-        self._listener.close()
-        for c in self._connections:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
-        self._connections.clear()
+        with self._lock:
+            self._listener.close()
+            for c in self._connections:
+                self._cut(c)
+            self._connections.clear()
+
+    @staticmethod
+    def _cut(connection: socket.socket) -> None:
+        try:
+            connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        connection.close()
 
     def _accept(self, listener) -> None:
         while True:
@@ -437,7 +445,12 @@ class _Relay:
             except OSError:
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
-            self._connections += [client, server]
+            with self._lock:
+                if listener is not self._listener or listener.fileno() == -1:  # stopped
+                    self._cut(client)
+                    self._cut(server)
+                    return
+                self._connections += [client, server]
             for a, b, requests in ((client, server, True), (server, client, False)):
                 threading.Thread(target=self._pipe, args=(a, b, requests), daemon=True).start()
 
