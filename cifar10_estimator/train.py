@@ -6,7 +6,10 @@ run summary. It does the process-level set-up a library must not do: oneDNN on a
 TensorFlow's log level before TensorFlow loads (``platform.process``), a readable log
 (``logs``), the CPU as oneDNN sees it, the user's cache folder for the precision probes,
 SIGTERM and SIGINT handled as a preemption (``training.preemption``: save, exit 143 or 130),
-and one-line errors with exit status 2 for user mistakes (``errors.run_cli``, in ``main``).
+one-line errors with exit status 2 for user mistakes (``errors.run_cli``, in ``main``), and
+the environment read once: ``TF_CONFIG``, the engines' folders, and Vertex AI's
+hyperparameter-tuning variables, whose metric file gets the final evaluation's scalars
+(``distributed.hypertune``).
 
 ``run`` is what ``main`` runs and what another program calls (from any thread: Ray Train calls
 from a worker thread). It returns the result or raises, and undoes its set-up when it returns:
@@ -28,7 +31,7 @@ from cifar10_estimator import logs, storage
 from cifar10_estimator.errors import run_cli
 from cifar10_estimator.config import checks, engines, flags, overlays
 from cifar10_estimator.config.fields import flag
-from cifar10_estimator.distributed import tf_config
+from cifar10_estimator.distributed import hypertune, tf_config
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process, restore_process
 
@@ -66,6 +69,8 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     # loads. (Estimator and TensorFlow's strategies read the same variable themselves.)
     tf_config_value = os.environ.get(TF_CONFIG_ENV)
     role = tf_config.parse(tf_config_value)
+    # Vertex AI's hyperparameter tuning: where the trial's final figures go (hypertune).
+    tuning = (os.environ.get(hypertune.TRIAL_ID_ENV), os.environ.get(hypertune.METRIC_FILE_ENV))
     checks.validate(config, needs_data=role.task_type != "ps")
     tf_config.check_strategy(config, role)
     with contextlib.ExitStack() as undo:
@@ -79,7 +84,7 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
             if getattr(config, name) == value:
                 log.info("%s %s: from %s (the engine's; a flag given wins)",
                          flag(name), value, variable)
-        return _train(config, role, handle_signals, undo)
+        return _train(config, role, handle_signals, undo, tuning)
 
 
 def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStack) -> None:
@@ -95,7 +100,8 @@ def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStac
                   else os.environ.pop(name, None))
 
 
-def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack):
+def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack,
+           tuning: tuple[Optional[str], Optional[str]] = (None, None)):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
     from cifar10_estimator.platform.precision_probe import Machine
@@ -125,7 +131,26 @@ def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack):
         for line in summary.run_summary(config, result, time.monotonic() - started):
             log.info(line)
     _report_to_ray_train(result)
+    _report_to_tuning(config, result, *tuning)
     return result
+
+
+def _report_to_tuning(config, result, trial_id: Optional[str], metric_file: Optional[str]
+                      ) -> None:
+    """With ``CLOUD_ML_TRIAL_ID`` or ``CLOUD_ML_HP_METRIC_FILE`` set (a Vertex AI trial, or a
+    sweep's: docs/sweeps.md), the final evaluation's scalars to the metric file, by the task
+    that ran it; elsewhere nothing."""
+    if not hypertune.wanted(trial_id, metric_file) or not result.eval_metrics:
+        return
+    import tensorflow as tf
+
+    checkpoint = tf.train.latest_checkpoint(config.job_dir) or ""
+    path, tags = hypertune.write(metric_file, trial_id, result.eval_metrics, checkpoint)
+    per_class = [t for t in tags if t not in hypertune.WHOLE_SET_SCALARS]
+    log.info("reported %s%s to the hyperparameter-tuning metric file %s (trial %s)",
+             ", ".join(t for t in tags if t not in per_class),
+             f" and {len(per_class)} per-class accuracies" if per_class else "", path,
+             trial_id or 0)
 
 
 def _report_to_ray_train(result) -> None:
