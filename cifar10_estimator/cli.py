@@ -49,6 +49,14 @@ def error_prefix(module: str) -> str:
     return invoked_as(module).removeprefix("python -m ")
 
 
+def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A command's own flags, and the ones after ``--`` that it hands on (a launcher's or a
+    sweep's trainer flags)."""
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return argv[:cut], argv[cut + 1:]
+
+
 def shown(value) -> str:
     """A default as a user would type it: ``82,123,300``, ``true``, ``0.0002``."""
     if isinstance(value, (tuple, list)):
@@ -103,6 +111,13 @@ class Parser(argparse.ArgumentParser):
             if name.startswith("--") and name not in self._option_string_actions:
                 self.error(f"unrecognized arguments: {token}")
         return super().parse_known_args(args, namespace)
+
+    def expand_flag_files(self, args: Sequence[str]) -> list[str]:
+        """``args`` with each ``@FILE`` replaced by the flags it holds, read as parsing reads
+        them: for a command that hands flags on to processes that run elsewhere (a sweep's
+        trials), where a relative ``@FILE`` would name another file or none."""
+        self._flag_files_read = 0
+        return self._read_args_from_files(list(args))
 
     def convert_arg_line_to_args(self, line: str) -> list[str]:
         return shlex.split(line, comments=True)

@@ -1,0 +1,248 @@
+"""The sweep command: ``python -m cifar10_estimator.sweep`` (``cifar10-sweep``).
+
+    python -m cifar10_estimator.sweep --ray HEAD:6379 --sweep-dir s3://bucket/sweep \\
+        --vary learning-rate=0.05,0.1 --vary num-layers=20,32 -- --data-dir s3://bucket/data
+
+trains one trial per point of the grid of ``--vary`` values, each a run of the trainer in its
+own job dir (``SWEEP/trial-NNN-<settings>``), with Ray Tune on a Ray cluster's nodes, and names
+the best by the final evaluation's ``--metric``. A rerun skips the finished trials and runs
+the rest. ``distributed.sweep`` holds the grid and the records, ``distributed.sweep_tune`` and
+``distributed.sweep_trial`` the run, ``distributed.sweep_hparams`` TensorBoard's HParams
+summaries; this module reads the command line and the environment and prints. Exits 0 when
+every trial finished, 1 when one failed, 2 for a mistake in the command line, 130 when
+interrupted (docs/sweeps.md).
+"""
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from typing import Optional, Sequence, TextIO
+
+from cifar10_estimator import cli, storage
+from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.config import flags
+from cifar10_estimator.distributed import sweep
+
+MODULE = "cifar10_estimator.sweep"
+# Ray Tune's switch between its console outputs (ray/tune/experimental/output.py).
+RAY_NEW_OUTPUT_ENV = "RAY_AIR_NEW_OUTPUT"
+
+
+def build_parser() -> cli.Parser:
+    prog = cli.invoked_as(MODULE)
+    parser = cli.Parser(
+        MODULE,
+        usage="%(prog)s --ray ADDRESS --sweep-dir DIR --vary FLAG=A,B [--vary FLAG=C,D ...] "
+              "[--metric NAME] [--mode max|min] [--max-concurrent N] [--cpus-per-trial C] "
+              "[@FLAGFILE] -- TRAINER_FLAGS...",
+        examples=(f"{prog} --ray auto --sweep-dir sweep --vary learning-rate=0.05,0.1 "
+                  f"--vary num-layers=20,32 -- --data-dir cifar10-data --train-epochs 30",
+                  f"{prog} --ray HEAD:6379 --sweep-dir s3://bucket/sweep --vary "
+                  f"weight-decay=1e-4,5e-4 --cpus-per-trial 8 -- @job.flags",
+                  f"{prog} --ray local --sweep-dir sweep --vary recipe=paper,fast --metric "
+                  f"loss -- --data-dir cifar10-data"),
+        description="Train one trial for each point of the grid of --vary values (the "
+                    "cartesian product), each `python -m cifar10_estimator TRAINER_FLAGS "
+                    "--job-dir SWEEP/trial-NNN-...` as a process of its own, run by Ray Tune "
+                    "on a Ray cluster's nodes; then name the best by the final evaluation's "
+                    "--metric. SWEEP/sweep.json lists every trial; `tensorboard --logdir "
+                    "SWEEP` compares them (HParams). A rerun skips the finished trials. Exits "
+                    "0 when every trial finished, 1 when one failed.")
+    parser.add_argument(
+        "--ray", metavar="ADDRESS", required=True,
+        help="the Ray cluster to run the trials on: the address `ray start --head` prints, "
+             "auto for the one this host belongs to, or local for a Ray of this sweep's own "
+             "on this machine")
+    parser.add_argument(
+        "--sweep-dir", metavar="DIR", required=True,
+        help="the sweep's folder: sweep.json and one job dir per trial; a bucket (s3://, "
+             "gs://) or a folder every Ray node mounts at the same path")
+    parser.add_argument(
+        "--vary", metavar="FLAG=A,B", action="append", required=True,
+        help="a trainer flag (as the trainer spells it, without the dashes) and the values "
+             "the trials take, separated by commas (by ';' for a flag whose value is a list: "
+             "--vary 'lr-boundary-epochs=82,123;50,75'); once per flag; a value here wins over "
+             "the same flag after --")
+    parser.add_argument(
+        "--metric", default="accuracy",
+        help="the final evaluation's scalar that ranks the trials: accuracy, cross_entropy, "
+             "loss or per_class_accuracy/<class>")
+    parser.add_argument(
+        "--mode", choices=("max", "min"), default=None,
+        help="whether the best trial's --metric is the largest or the smallest (default: max "
+             "for accuracy and per-class accuracy, min for loss and cross_entropy)")
+    parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                        help="at most N trials at once (default: as many as the cluster's "
+                             "CPUs and GPUs hold)")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0, metavar="C",
+                        help="CPUs each trial asks Ray for; Ray sets its trainer's "
+                             "OMP_NUM_THREADS to match")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0, metavar="G",
+                        help="GPUs each trial asks Ray for (whole GPUs: its trainer's "
+                             "--num-gpus)")
+    parser.add_argument(
+        "--change-trainer-flags", action="store_true",
+        help="take trainer flags that differ from the ones sweep.json recorded: every trial "
+             "runs again with them, each trainer resuming its job dir (a setting its "
+             "settings.json records changes only with the trainer's own --change-settings)")
+    return parser
+
+
+def _interrupt(signum, frame):
+    """SIGTERM (a job scheduler's stop) as Ctrl-C: Ray Tune's handler of SIGINT while it runs
+    (it stops the trials and returns), else KeyboardInterrupt."""
+    signal.raise_signal(signal.SIGINT)
+
+
+def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
+    """Parses the command line and runs the sweep; returns the exit status."""
+    own, trainer = cli.split_at_dashes(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    if not trainer:
+        raise UserError("give the trainer's flags after --, e.g. -- --data-dir DATA "
+                        "--train-epochs 30")
+    cwd = os.getcwd()
+    trainer_parser = flags.build_parser()
+    trainer_parser.error_name = f"{cli.error_prefix(MODULE)} (trainer flags)"
+    trainer = trainer_parser.expand_flag_files(trainer)
+    parsed = trainer_parser.parse_args(trainer)
+    for name, why in sweep.OWN_FLAGS.items():
+        if getattr(parsed, name.replace("-", "_")) is not None:
+            raise UserError(f"--{name} among the trainer flags: {why}; leave it out")
+    varied = sweep.parse_vary(args.vary, cwd)
+    if not parsed.data_dir and "data-dir" not in [v.flag for v in varied]:
+        raise UserError("the trainer needs --data-dir (after --)")
+    mode = sweep.default_mode(args.metric)
+    mode = args.mode or mode
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be 1 or more, got {args.max_concurrent}")
+    if args.cpus_per_trial < 0 or args.gpus_per_trial < 0:
+        raise UserError("--cpus-per-trial and --gpus-per-trial must be 0 or more")
+    from cifar10_estimator.distributed import ray_launcher
+
+    trainer = ray_launcher.with_gpus(sweep.absolute_paths(trainer, cwd), args.gpus_per_trial,
+                                     parsed.num_gpus)
+    points = sweep.grid(varied)
+    sweep.check_trials(trainer, points)
+    sweep_dir = sweep.absolute(args.sweep_dir, cwd)
+    # What the trainers get from this environment, taken before the process is prepared for
+    # TensorFlow below (its oneDNN choice is this machine's, not the nodes').
+    env = ray_launcher.forwarded(os.environ)
+    from cifar10_estimator.platform.process import prepare_process
+
+    prepare_process(os.environ)  # before TensorFlow loads: HParams summaries, a bucket
+    storage.check_reachable(sweep_dir, "--sweep-dir")
+    storage.check_writable(sweep_dir, "--sweep-dir")
+    state = _state(sweep_dir, trainer, varied, points, args, mode, out)
+    return _run(state, args, env)
+
+
+def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, out: TextIO
+           ) -> sweep.Sweep:
+    """The sweep's trials, from the grid and what the sweep dir already holds."""
+    from cifar10_estimator.distributed import sweep_hparams
+
+    recorded = sweep.read_json(storage.join(sweep_dir, sweep.RECORD_FILE))
+    if recorded is not None and recorded.get("trainer_flags") != trainer:
+        changed = sweep.trainer_flags_changed(recorded.get("trainer_flags") or [], trainer)
+        if changed and not args.change_trainer_flags:
+            raise UserError(
+                f"--sweep-dir {sweep_dir} was swept with other trainer flags "
+                f"({sweep.RECORD_FILE}): {'; '.join(changed)}; rerun with the recorded flags, "
+                f"use a new --sweep-dir, or add --change-trainer-flags to run every trial "
+                f"again with the new ones")
+    trials = sweep.assign(points, recorded, sweep_dir)
+    for trial in trials:
+        sweep.read_back(trial, trainer)
+    state = sweep.Sweep(sweep_dir, sweep.new_run_id(), trainer, varied, trials, args.metric,
+                        mode, out, hooks=sweep_hparams.Hooks(varied))
+    content = state.content()
+    if recorded is None or any(recorded.get(k) != content[k] for k in ("vary", "metric")):
+        sweep_hparams.write_experiment(sweep_dir, varied, args.metric)
+    return state
+
+
+def _run(state: sweep.Sweep, args, env: dict) -> int:
+    pending = state.pending()
+    grid_size = sum(t.in_grid for t in state.trials.values())
+    shape = " x ".join(f"{v.flag} {','.join(v.values)}" for v in state.varied)
+    state.say(f"{grid_size} trials ({shape}) in {state.sweep_dir}: "
+              f"{grid_size - len(pending)} finished already, {len(pending)} to run")
+    state.save()
+    if pending:
+        # Ray Tune's console output of Ray 2.x prints its configuration and the paths of its
+        # own results (a folder deleted at the end) whatever the verbosity; its older output,
+        # at verbosity 0, prints nothing: the sweep's lines are the ones to read.
+        os.environ.setdefault(RAY_NEW_OUTPUT_ENV, "0")
+        try:
+            _tune(state, pending, args, env)
+        except KeyboardInterrupt:
+            state.interrupted()
+            raise
+    state.save()
+    for line in state.summary():
+        state.say(line)
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    state.say(f"TensorBoard: {tensorboard if os.access(tensorboard, os.X_OK) else 'tensorboard'}"
+              f" --logdir {state.sweep_dir}  (the HParams tab compares the trials)")
+    missing = state.missing_metric()
+    if missing:
+        raise UserError(missing)
+    unfinished = [t.name for t in state.pending() if t.status != sweep.FAILED]
+    if unfinished:  # Ray Tune stopped early (interrupted)
+        state.interrupted()
+        state.say(f"stopped before {', '.join(unfinished)} ended; rerun the same command to "
+                  f"run them")
+        return 130
+    failures = state.failures()
+    if failures:
+        state.say(failures)
+        return 1
+    return 0
+
+
+class _SaidBySweep(logging.Filter):
+    """Ray Tune's log lines that the sweep's own lines say better: a failed trial's traceback
+    (ray/tune/execution/tune_controller.py, "Trial task failed for trial ..."), the trials that
+    did not complete, and on Ctrl-C how to resume with ``Tuner.restore`` from Ray Tune's own
+    results, which the sweep deletes (ray/tune/tune.py): a rerun of the sweep resumes. Anything
+    else Ray Tune logs still shows."""
+
+    SAID = ("Trial task failed for trial", "Trials did not complete", "Stop signal received",
+            "Experiment has been interrupted")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.SAID)
+
+
+def _tune(state: sweep.Sweep, pending, args, env: dict) -> None:
+    from cifar10_estimator.distributed import ray_launcher, sweep_tune
+    import ray
+
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+        logging.getLogger(name).addFilter(_SaidBySweep())
+    ray_launcher.connect(args.ray)
+    signal.signal(signal.SIGTERM, _interrupt)  # after Ray's own handler, which ends the process
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = ray.cluster_resources().get("CPU", 0)
+    state.say(f"Ray cluster at {args.ray}: {len(nodes)} node(s), {cpus:g} CPUs; each trial "
+              f"asks for {args.cpus_per_trial:g} CPU(s)"
+              + (f" and {args.gpus_per_trial:g} GPU(s)" if args.gpus_per_trial else "")
+              + (f", at most {args.max_concurrent} at once" if args.max_concurrent else ""))
+    results = tempfile.mkdtemp(prefix="cifar10-sweep-tune-")
+    try:
+        sweep_tune.run(state, pending, cpus=args.cpus_per_trial, gpus=args.gpus_per_trial,
+                       max_concurrent=args.max_concurrent, env=env, storage_path=results)
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_cli(lambda: run(argv), MODULE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
