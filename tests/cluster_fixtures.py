@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from cifar10_estimator.distributed import layout
 from cifar10_estimator.jobdir import lock as job_lock
@@ -41,6 +41,22 @@ def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports of 127.0.0.1 that were free a moment ago (nothing listens
     there: a connection is refused until a task binds one): the launcher's own choice."""
     return layout.free_ports(count, HOST)
+
+
+@contextlib.contextmanager
+def tensorboard_server(logdir, cwd) -> Iterator[str]:
+    """This environment's real ``tensorboard`` against ``logdir``, on a free port of 127.0.0.1
+    (Python's event reader, ``--load_fast false``): its base URL; stopped at the end."""
+    port = free_ports(1)[0]
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    server = subprocess.Popen([tensorboard, "--logdir", str(logdir), "--port", str(port),
+                               "--host", HOST, "--load_fast", "false"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+    try:
+        yield f"http://{HOST}:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def local_spec(*jobs: str, ports: Iterable[int] | None = None) -> dict[str, list[str]]:

@@ -19,6 +19,7 @@ COMMANDS = {
     "evaluate": ([sys.executable, "-m", "cifar10_estimator.evaluate"], "cifar10-evaluate"),
     "demo": ([sys.executable, "-m", "cifar10_estimator.demo"], "cifar10-demo"),
     "cluster": ([sys.executable, "-m", "cifar10_estimator.cluster"], "cifar10-cluster"),
+    "sweep": ([sys.executable, "-m", "cifar10_estimator.sweep"], "cifar10-sweep"),
 }
 
 

@@ -18,7 +18,7 @@ from cifar10_estimator import train
 from cifar10_estimator.model import confusion_image, model_fn
 from cifar10_estimator.training import progress
 from cifar10_estimator.evaluation import report
-from cluster_fixtures import free_ports
+from cluster_fixtures import tensorboard_server
 from trainer_fixtures import trainer_args
 
 
@@ -104,13 +104,7 @@ def watched_run(tiny_records, tmp_path_factory):
 @pytest.mark.slow
 def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run, tmp_path):
     job_dir, _ = watched_run
-    port = free_ports(1)[0]
-    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    server = subprocess.Popen([tensorboard, "--logdir", job_dir, "--port", str(port),
-                               "--host", "127.0.0.1", "--load_fast", "false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with tensorboard_server(job_dir, tmp_path) as base:
         deadline = time.monotonic() + 90
         tags = {}
         while time.monotonic() < deadline:
@@ -147,9 +141,6 @@ def test_tensorboard_serves_the_training_scalars_under_plain_names(watched_run, 
             np.array(content["confusion_matrix"], np.float32), content["class_names"]),
             channels=3).numpy()
         np.testing.assert_array_equal(picture, expected)
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 @pytest.mark.slow
