@@ -73,6 +73,16 @@ def build_parser() -> cli.Parser:
                         help="with --ray: CPUs each chief, worker and evaluator asks Ray for")
     parser.add_argument("--gpus-per-task", type=float, default=0.0,
                         help="with --ray: GPUs each chief, worker and evaluator asks Ray for")
+    parser.add_argument(
+        "--max-failures", type=int, default=None,
+        help="with --ray: how many times a job that lost a task's node is placed again on the "
+             "nodes that are alive (new actors, ports and TF_CONFIG; it resumes from the "
+             "latest checkpoint) before it fails (default: 3; 0: fail at the first loss)")
+    parser.add_argument(
+        "--placement-timeout-secs", type=float, default=None,
+        help="with --ray: how long to wait for the Ray cluster to have room for every task, "
+             "at the start and after a lost node, before failing with what it lacks "
+             "(default: 120)")
     parser.add_argument("--timeout-secs", type=float, default=None,
                         help="stop every task and fail after this long (default: no limit)")
     return parser
@@ -121,6 +131,11 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
              "--export-dir": parsed.export_dir}
     if args.ray is not None:
         return _run_on_ray(args, num_ps, trainer_args, paths, out, parsed.num_gpus)
+    for flag, value in (("--max-failures", args.max_failures),
+                        ("--placement-timeout-secs", args.placement_timeout_secs)):
+        if value is not None:
+            raise UserError(f"{flag} applies with --ray only (a local task that fails fails "
+                            f"the job; rerun the command to resume)")
     network = layout.choose_network(args.network, paths, args.host, os.geteuid(),
                                     os.getegid())
     try:
@@ -143,13 +158,33 @@ def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: Te
                         "networks; leave --network out")
     if args.cpus_per_task < 0 or args.gpus_per_task < 0:
         raise UserError("--cpus-per-task and --gpus-per-task must be 0 or more")
+    max_failures = (ray_launcher.MAX_FAILURES if args.max_failures is None
+                    else args.max_failures)
+    timeout = (ray_launcher.PLACEMENT_TIMEOUT_SECS if args.placement_timeout_secs is None
+               else args.placement_timeout_secs)
+    if max_failures < 0:
+        raise UserError(f"--max-failures must be 0 or more, got {max_failures}")
+    if timeout <= 0:
+        raise UserError(f"--placement-timeout-secs must be more than 0, got {timeout:g}")
     trainer_args = ray_launcher.with_gpus(trainer_args, args.gpus_per_task, num_gpus)
     ray_launcher.connect(args.ray)
-    tasks, placed = ray_launcher.place(TaskRunner, args.num_workers, num_ps, args.evaluator,
-                                       args.cpus_per_task, args.gpus_per_task)
-    cluster = ray_launcher.RayCluster(tasks, placed, trainer_args, os.environ, out)
+
+    def place():
+        tasks, placed = ray_launcher.place(TaskRunner, args.num_workers, num_ps,
+                                           args.evaluator, args.cpus_per_task,
+                                           args.gpus_per_task, timeout)
+        try:
+            ray_launcher.check_shared(paths, placed)  # a node that joined since, too
+        except UserError:
+            for p in placed.values():
+                ray_launcher.kill_actor(p)
+            raise
+        return tasks, placed
+
+    tasks, placed = place()
+    cluster = ray_launcher.RayCluster(tasks, placed, trainer_args, os.environ, out, place,
+                                      max_failures)
     try:
-        ray_launcher.check_shared(paths, placed)
         cluster.say(ray_launcher.summary(placed))
         signal.signal(signal.SIGTERM, _interrupt)
         return cluster.run(args.timeout_secs)

@@ -220,3 +220,13 @@ def test_an_unprivileged_user_gets_a_user_namespace_that_hides_it_too():
     result = _probe(*nobody)
     assert result == {"kind": "a user and network namespace", "reached": False,
                       "inside": True}, result
+
+
+@pytest.mark.parametrize("flag", ["--max-failures", "--placement-timeout-secs"])
+def test_the_ray_only_flags_are_refused_without_ray_in_one_line(tmp_path, flag):
+    proc = run_module("cifar10_estimator.cluster", flag, "2", "--",
+                      *trainer_args(tmp_path, tmp_path / "job"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"cifar10_estimator.cluster: error: {flag} applies with --ray only (a local task "
+        f"that fails fails the job; rerun the command to resume)"]
+    assert not (tmp_path / "job").exists()

@@ -204,6 +204,10 @@ def trainer_env(tf_config: str | None = None, extra: dict | None = None) -> dict
     ``extra``."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env["PYTHONUNBUFFERED"] = "1"
+    # The suite's Ray clusters are its own, on this host. Ray 2.60's `ray start` turns token
+    # authentication on when ~/.ray/auth_token exists (any local `ray.init()` writes one), and
+    # its clients then fail without the mode set: off, explicitly, whatever the home holds.
+    env.setdefault("RAY_AUTH_MODE", "disabled")
     if tf_config:
         env["TF_CONFIG"] = tf_config
     env.update(extra or {})

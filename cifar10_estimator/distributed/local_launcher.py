@@ -92,6 +92,12 @@ class Cluster:
     def _where(self, task: Task) -> str:
         return ""
 
+    def _replace(self, failed: Sequence[Task]) -> bool:
+        """Whether the job was placed and started again after ``failed`` tasks ended: never
+        here (a local task that failed fails the job); ``ray_launcher`` places a job whose
+        node was lost again."""
+        return False
+
     def _restart_signalled(self) -> None:
         """Starts again every task that a signal stopped (not the launcher). This is what
         Kubernetes' ExitCode restart policy does; the task resumes as after a restart."""
@@ -140,6 +146,9 @@ class Cluster:
                 # pass, not taken for a failure (each exit status is read once here).
                 codes = [(t, t.exit_code) for t in self.tasks]
                 bad = [(t, c) for t, c in codes if c not in (None, 0) and not t.signalled(c)]
+                if bad and self._replace([t for t, _ in bad]):
+                    chief_done_at = ps_wait_from = None  # the job starts over, resuming
+                    continue
                 if bad:
                     failed = f"{bad[0][0].name} failed with exit status {bad[0][1]}"
                     break

@@ -16,8 +16,14 @@ The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local
   ``RayCluster`` is a kind): a trainer that a signal stopped, or that was killed, is started
   again in its actor, on the same node and port, and resumes from the latest checkpoint; a task
   that failed stops the job; the job ends when the chief, the workers and the evaluator have
-  exited 0. A task whose actor was lost (its node died) fails the job: the others' TF_CONFIG
-  names its address.
+  exited 0.
+- A task whose actor was lost (its node died, or Ray stopped it) cannot be started again on
+  its own: the others' TF_CONFIG names its address. The whole job is placed again instead, as
+  Ray Train does with its worker group: the other trainers are stopped (SIGTERM: they save),
+  every actor ended, new actors placed on the nodes that are alive (new ports, a new
+  TF_CONFIG, the same tasks), and the job resumes from the latest checkpoint in its shared job
+  dir; at most ``max_failures`` times (``--max-failures``). A trainer dies with its actor
+  (``ray_node``), so no task of the old placement trains on.
 - Every path of the job must be one the nodes share: a bucket (``s3://``, ``gs://``), or a
   folder every node mounts at the same path. ``check_shared`` writes a token into a local
   ``--job-dir`` and asks every actor to read it, and asks every actor for ``--data-dir``'s
@@ -32,7 +38,7 @@ import os
 import secrets
 import subprocess
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from cifar10_estimator import storage
 from cifar10_estimator.data.metadata import METADATA_FILENAME
@@ -47,6 +53,13 @@ _NOT_FORWARDED = ("TF_CONFIG",)  # each task gets its own
 # them never places them.
 PLACEMENT_TIMEOUT_SECS = 120
 _READ_SECS = 0.2  # how often the launcher asks an actor for its trainer's new output
+# An actor answers the launcher's calls at once (they read a queue or poll a process); one that
+# has not in this long is taken for lost with its node.
+_ACTOR_ANSWER_SECS = 30
+# --max-failures' default: how many lost nodes a job survives. Ray Train's own default is 0
+# (FailureConfig); on preemptible nodes a loss is the common case, and a few restarts keep a
+# long job going while still ending one whose tasks take their nodes down with them.
+MAX_FAILURES = 3
 
 
 def _ray():
@@ -108,24 +121,56 @@ class RayProcess:
         self._actor = actor
         self.pid = pid
         self._code: Optional[int] = None
-        self._lost = False
+        self.lost_because: Optional[str] = None  # why its actor was lost, once it was
+        self._unreachable_since: Optional[float] = None
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_because is not None
+
+    @property
+    def unsure(self) -> bool:
+        """Lost, or unreachable for now (its node may be dying)."""
+        return self.lost or self._unreachable_since is not None
 
     def _call(self, method: str, *args):
+        """The actor's answer; None while it cannot give one (``lost`` says whether for good)."""
+        errors = self._ray.exceptions
         try:
-            return self._ray.get(getattr(self._actor, method).remote(*args), timeout=30)
-        except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
-            self._lost = True
-            return None
+            answer = self._ray.get(getattr(self._actor, method).remote(*args),
+                                   timeout=_ACTOR_ANSWER_SECS)
+        except errors.GetTimeoutError:
+            self.lost_because = f"its actor did not answer within {_ACTOR_ANSWER_SECS} s"
+        except errors.ActorUnavailableError:
+            # Unreachable for now (a node that missed a heartbeat may come back); lost once Ray
+            # declares it dead, or after the same bound as an unanswered call.
+            now = time.monotonic()
+            self._unreachable_since = self._unreachable_since or now
+            if now - self._unreachable_since > _ACTOR_ANSWER_SECS:
+                self.lost_because = f"its actor was unreachable for {_ACTOR_ANSWER_SECS} s"
+            time.sleep(_READ_SECS)
+        except errors.RayActorError as e:
+            # Ray's words: "The actor died because its node has died", "... unexpectedly".
+            said = sorted((line.strip() for line in str(e).splitlines() if "died" in line),
+                          key=lambda line: "node" not in line)  # the node's death first
+            self.lost_because = (said[0].split(" Node Id:")[0] if said
+                                 else type(e).__name__)[:200]
+        else:
+            self._unreachable_since = None
+            return answer
+        return None
 
     @property
     def stdout(self):
         """The trainer's output lines, until it has ended."""
         while True:
             got = self._call("read")
-            if got is None:
+            if got is None and self.lost:
                 self._code = 1
                 yield "[its Ray actor was lost: its node died or Ray stopped it]\n"
                 return
+            if got is None:
+                continue  # unreachable for now
             lines, code = got
             yield from lines
             if code is not None:
@@ -136,8 +181,8 @@ class RayProcess:
     def poll(self) -> Optional[int]:
         if self._code is None:
             code = self._call("poll")
-            if self._lost:
-                self._code = 1  # the others' TF_CONFIG names it: the job fails
+            if self.lost:
+                self._code = 1  # the others' TF_CONFIG names it: the job is placed again
             elif code is not None:
                 self._code = code
         return self._code
@@ -176,9 +221,11 @@ class RayNetwork:
 
 
 def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: float,
-          gpus: float) -> tuple[list[layout.Task], dict[str, Placed]]:
+          gpus: float, timeout_secs: float = PLACEMENT_TIMEOUT_SECS
+          ) -> tuple[list[layout.Task], dict[str, Placed]]:
     """Starts one actor per task, spread over the nodes, each holding a port: the tasks with
-    their TF_CONFIG, and each task's actor by name."""
+    their TF_CONFIG, and each task's actor by name. Waits up to ``timeout_secs`` for the
+    cluster to have room for all of them, then says what it lacks."""
     ray = _ray()
     layout.check_sizes(num_workers, num_ps)
     remote = ray.remote(runner_class)
@@ -189,19 +236,23 @@ def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: fl
 
     roles = ([("chief", 0)] + [("worker", i) for i in range(num_workers - 1)]
              + [("ps", i) for i in range(num_ps)] + ([("evaluator", 0)] if evaluator else []))
-    actors = [actor(0 if kind == "ps" else cpus, 0 if kind == "ps" else gpus)
-              for kind, _ in roles]
-    try:
-        reserved = ray.get([a.reserve.remote() for a in actors], timeout=PLACEMENT_TIMEOUT_SECS)
-    except ray.exceptions.GetTimeoutError:
-        for a in actors:
-            ray.kill(a)
-        total = ray.cluster_resources()
-        raise UserError(f"the Ray cluster placed not all {len(actors)} tasks within "
-                        f"{PLACEMENT_TIMEOUT_SECS} s: it has {total.get('CPU', 0):g} CPUs and "
-                        f"{total.get('GPU', 0):g} GPUs, the tasks ask for {cpus:g} CPUs and "
-                        f"{gpus:g} GPUs each (parameter servers none); use --cpus-per-task or "
-                        f"fewer tasks") from None
+    deadline = time.monotonic() + timeout_secs
+    reserved = None
+    while reserved is None:
+        actors = [actor(0 if kind == "ps" else cpus, 0 if kind == "ps" else gpus)
+                  for kind, _ in roles]
+        try:
+            reserved = ray.get([a.reserve.remote() for a in actors],
+                               timeout=max(0.0, deadline - time.monotonic()))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+            for a in actors:
+                ray.kill(a)
+            if isinstance(e, ray.exceptions.GetTimeoutError) or time.monotonic() > deadline:
+                raise UserError(_lacking(ray, len(actors), num_ps, cpus, gpus, timeout_secs)
+                                ) from None
+            # Placed on a node that died meanwhile (Ray had not declared it dead yet): again,
+            # on the nodes alive now.
+            time.sleep(1)
     placed = {layout.task_name(kind, i): Placed(a, f"{ip}:{port}", node)
               for (kind, i), a, (ip, port, node) in zip(roles, actors, reserved)}
     trainers = [placed[layout.task_name(k, i)].address for k, i in roles if k != "ps"
@@ -209,6 +260,18 @@ def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: fl
     ps = [placed[layout.task_name("ps", i)].address for i in range(num_ps)]
     cluster = layout.cluster_of(num_workers, num_ps, trainers + ps)
     return layout.tasks_of(cluster, evaluator), placed
+
+
+def _lacking(ray, tasks: int, num_ps: int, cpus: float, gpus: float,
+             timeout_secs: float) -> str:
+    """What a cluster that could not place the job lacks, in one line."""
+    total = ray.cluster_resources()  # the nodes alive now
+    trainers = tasks - num_ps
+    return (f"the Ray cluster placed not all {tasks} tasks within {timeout_secs:g} s: its live "
+            f"nodes have {total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs in all, "
+            f"the job needs {trainers * cpus:g} CPUs and {trainers * gpus:g} GPUs ({trainers} "
+            f"tasks x --cpus-per-task {cpus:g} and --gpus-per-task {gpus:g}; parameter servers "
+            f"none); add nodes, or lower --cpus-per-task")
 
 
 def check_shared(paths: Mapping[str, Optional[str]], placed: Mapping[str, Placed]) -> None:
@@ -248,12 +311,58 @@ def _refuse_unseen(flag: str, path: str, placed: Mapping[str, Placed], seen: Seq
 
 
 class RayCluster(local_launcher.Cluster):
-    """The local launcher's supervision of tasks that run on Ray nodes."""
+    """The local launcher's supervision of tasks that run on Ray nodes; a job that lost a node
+    is placed again by ``place_again`` (``place`` with the job's sizes), at most
+    ``max_failures`` times."""
 
     def __init__(self, tasks: Sequence[layout.Task], placed: Mapping[str, Placed],
-                 trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO):
+                 trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO,
+                 place_again: Optional[Callable[[], tuple[list[layout.Task],
+                                                          dict[str, Placed]]]] = None,
+                 max_failures: int = MAX_FAILURES):
         super().__init__(tasks, trainer_args, forwarded(env), out=out, network=RayNetwork())
         self.placed = dict(placed)
+        self.place_again = place_again
+        self.max_failures = max_failures
+        self.failures = 0  # nodes lost so far
+
+    def _lost(self) -> list[layout.Task]:
+        return [t for t in self.tasks if isinstance(t.process, RayProcess) and t.process.lost]
+
+    def _restart_signalled(self) -> None:
+        for task in self.tasks:
+            task.exit_code  # asks every actor: a lost one is found before any restart in place
+        # A task whose actor is lost, or unreachable for now, means the whole job is placed
+        # again (``_replace``): a trainer restarted in place meanwhile would wait for it.
+        if not any(isinstance(t.process, RayProcess) and t.process.unsure for t in self.tasks):
+            super()._restart_signalled()
+
+    def _replace(self, failed: Sequence[layout.Task]) -> bool:
+        lost = [t for t in failed if t in self._lost()]
+        if not lost or self.place_again is None:
+            return False
+        task = lost[0]
+        placed = self.placed[task.name]
+        where = f"{placed.address.rpartition(':')[0]} (node {placed.node_id[:8]})"
+        if self.failures >= self.max_failures:
+            self.say(f"{task.name}'s node {where} was lost ({task.process.lost_because}); no "
+                     f"restarts left (--max-failures {self.max_failures})")
+            return False
+        self.failures += 1
+        self.say(f"{task.name}'s node {where} was lost ({task.process.lost_because}): placing "
+                 f"the job again on the nodes that are alive, restart {self.failures} of "
+                 f"{self.max_failures} (--max-failures); it resumes from the latest checkpoint")
+        self.stop(self.tasks)  # the others save (SIGTERM) and stop
+        self._finish_streams()
+        self.close()
+        try:
+            self.tasks, self.placed = self.place_again()
+        except UserError as e:
+            self.say(str(e))
+            return False
+        self.say(summary(self.placed))
+        self.start()
+        return True
 
     def _spawn(self, task: layout.Task) -> RayProcess:
         actor = self.placed[task.name].actor
@@ -265,9 +374,13 @@ class RayCluster(local_launcher.Cluster):
         return f" on {self.placed[task.name].address.rpartition(':')[0]}"
 
     def close(self) -> None:
-        ray = _ray()
         for p in self.placed.values():
-            ray.kill(p.actor)
+            kill_actor(p)
+
+
+def kill_actor(placed: Placed) -> None:
+    """Ends a task's actor (and with it its trainer, ``ray_node``), lost or not."""
+    _ray().kill(placed.actor)
 
 
 def summary(placed: Mapping[str, Placed]) -> str:
