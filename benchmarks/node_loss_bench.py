@@ -12,8 +12,8 @@ arrives; per run:
   the actor dead once its node misses its health checks);
 - ``placed``: from the kill to the new placement on the surviving node;
 - ``training``: from the kill to the chief's first progress line after the restart;
-- ``lost steps``: the global step the chief had logged before the kill minus the step it
-  resumed from.
+- ``lost steps``: the highest global step the chief reached before the job was placed again
+  (its progress lines and checkpoints) minus the step it resumed from: the steps trained twice.
 
 Each run starts its two nodes anew (one is killed).
 
@@ -36,6 +36,7 @@ from sample_records import make_sample_records
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 STEP = re.compile(r"\[chief\] .*step (\d+)/\d+ \(")
+REACHED = re.compile(r"\[chief\] .*(?:step (\d+)/\d+ \(|Saving checkpoints for (\d+) )")
 RESUMED = re.compile(r"\[chief\] .*resuming from .*model\.ckpt-(\d+)")
 # Waits until ARGV[2] nodes are alive (one connection to the cluster).
 _WAIT_FOR_NODES = """
@@ -99,7 +100,6 @@ def one_run(data_dir: str, work: str, depth: int, steps: int) -> dict:
             if launcher.poll() is not None:
                 raise SystemExit("".join(line for _, line in lines)[-4000:])
             time.sleep(0.1)
-        before = max(int(m.group(1)) for _, line in lines if (m := STEP.search(line)))
         killed_at = time.monotonic()
         os.killpg(nodes[1].pid, signal.SIGKILL)
         code = launcher.wait(600)
@@ -114,6 +114,9 @@ def one_run(data_dir: str, work: str, depth: int, steps: int) -> dict:
         return next(t for t, line in after if re.search(pattern, line)) - killed_at
 
     resumed = next(int(m.group(1)) for _, line in after if (m := RESUMED.search(line)))
+    replaced_at = next(t for t, line in after if re.search(r"\[cluster\] .* was lost ", line))
+    before = max(int(m.group(1) or m.group(2)) for t, line in lines
+                 if t < replaced_at and (m := REACHED.search(line)))
     return {"detect": first(r"\[cluster\] .* was lost "),
             "placed": first(r"\[cluster\] placed 2 tasks on 1 Ray node"),
             "training": next(t for t, line in after if STEP.search(line)

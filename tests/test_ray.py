@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -80,15 +81,15 @@ def _stop_node(node: subprocess.Popen, grace: float) -> None:
 
 
 @contextlib.contextmanager
-def ray_nodes(count: int = 2, cpus: int = 3):
-    """``count`` Ray nodes on this host with ``cpus`` CPUs each: (the head's address, the
-    nodes' ``ray start`` processes, the head first)."""
+def ray_nodes(count: int = 2, cpus: int = 3, extra: dict | None = None):
+    """``count`` Ray nodes on this host with ``cpus`` CPUs each, ``extra`` in their
+    environment: (the head's address, the nodes' ``ray start`` processes, the head first)."""
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     # A short folder of its own: Ray's socket paths must fit in 107 bytes.
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     common = ["--num-cpus", str(cpus), "--disable-usage-stats", "--block"]
-    env = trainer_env(extra={"RAY_memory_monitor_refresh_ms": "0"})
+    env = trainer_env(extra={"RAY_memory_monitor_refresh_ms": "0", **(extra or {})})
     nodes = [subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--temp-dir", temp,
                                "--include-dashboard=false", *common],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -101,7 +102,7 @@ def ray_nodes(count: int = 2, cpus: int = 3):
                                           start_new_session=True, cwd=work_dir(), env=env))
         probe = subprocess.run([sys.executable, "-c", _WAIT_FOR_NODES, address, str(count),
                                 "90"], capture_output=True, text=True, timeout=150,
-                               cwd=work_dir(), env=trainer_env())
+                               cwd=work_dir(), env=trainer_env(extra=extra))
         alive = probe.stdout.strip().splitlines()[-1:] if probe.returncode == 0 else []
         assert alive == [str(count)], f"the Ray nodes did not come up: {probe.stderr[-2000:]}"
         yield address, nodes
@@ -369,3 +370,21 @@ def test_a_job_on_ray_that_loses_a_node_is_placed_again_on_the_survivor_and_expo
     assert any(re.fullmatch(r"job/export/\d+/saved_model\.pb", k) for k in keys)
     # The job's settings did not change with the placement.
     assert "was trained with other settings" not in output
+
+
+@pytest.mark.timeout(200)
+def test_a_ray_cluster_that_asks_for_its_token_is_refused_in_one_line(tiny_records, tmp_path):
+    data_dir, _ = tiny_records
+    token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    with ray_nodes(1, 1, extra=token) as (address, _):
+        done = subprocess.run(  # no token here (the suite's environment: mode disabled)
+            [sys.executable, "-m", "cifar10_estimator.cluster", "--ray", address, "--",
+             *trainer_args(data_dir, tmp_path / "job", "--train-steps", "2")],
+            capture_output=True, text=True, timeout=150, cwd=work_dir(), env=trainer_env())
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    # (Ray's own client logs each refused try first, from C++.)
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"cifar10_estimator.cluster: error: --ray {address}: the Ray cluster asks for its "
+        f"authentication token; set RAY_AUTH_MODE=token and put the cluster's token in "
+        f"~/.ray/auth_token (or RAY_AUTH_TOKEN) on this host")
+    assert not (tmp_path / "job").exists()

@@ -77,9 +77,25 @@ def connect(address: str) -> None:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR",
                  configure_logging=False, include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
+        if _asks_for_token(e, ray.exceptions.AuthenticationError):
+            # Ray 2.60's `ray start` turns token authentication on when ~/.ray/auth_token
+            # exists; a client joins only with RAY_AUTH_MODE=token and that token.
+            raise UserError(f"--ray {address}: the Ray cluster asks for its authentication "
+                            f"token; set RAY_AUTH_MODE=token and put the cluster's token in "
+                            f"~/.ray/auth_token (or RAY_AUTH_TOKEN) on this host") from None
         raise UserError(f"--ray {address}: cannot join the Ray cluster "
                         f"({' '.join(str(e).split())[:300]}); start one with `ray start "
                         f"--head` and give the address it prints") from None
+
+
+def _asks_for_token(error: BaseException, kind: type) -> bool:
+    """Whether ``error``, or one it was raised from, is Ray's ``kind`` of refused token (Ray
+    2.60 keeps the first try's error as text in the message of the one it raises)."""
+    while error is not None:
+        if isinstance(error, kind) or "InvalidAuthToken" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def with_gpus(trainer_args: Sequence[str], gpus_per_task: float, num_gpus: int) -> list[str]:
