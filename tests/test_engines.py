@@ -158,3 +158,28 @@ def test_rays_gpus_per_task_become_the_trainers_gpus():
         ray_launcher.with_gpus([], 1, 2)
     with pytest.raises(UserError, match="whole number"):
         ray_launcher.with_gpus([], 0.5, 0)
+
+
+def test_a_lost_node_after_the_restarts_are_spent_ends_the_job_in_one_line():
+    # The launcher's rule, without a cluster: a task whose actor Ray declared dead, and
+    # --max-failures 0 (the real loss and placement again: tests/test_ray.py).
+    import io
+
+    pytest.importorskip("ray")
+    from cifar10_estimator.distributed import layout, ray_launcher
+
+    tasks = layout.tasks_of(layout.cluster_of(2, 0, ["10.0.0.1:1", "10.0.0.2:2"]), False)
+    placed = {t.name: ray_launcher.Placed(None, f"10.0.0.{i + 1}:{i + 1}", f"node{i}" * 4)
+              for i, t in enumerate(tasks)}
+    for task in tasks:
+        task.process = ray_launcher.RayProcess(None, 1)
+    tasks[1].process.lost_because = "The actor died because its node has died."
+    out = io.StringIO()
+    cluster = ray_launcher.RayCluster(tasks, placed, [], {}, out,
+                                      place_again=lambda: pytest.fail("placed again"),
+                                      max_failures=0)
+    assert not cluster._replace([tasks[1]])
+    assert out.getvalue() == (
+        "[cluster] worker0's node 10.0.0.2 (node node1nod) was lost (The actor died because "
+        "its node has died.); no restarts left (--max-failures 0)\n")
+    assert not cluster._replace([tasks[0]])  # a task that failed on its own: not a loss
