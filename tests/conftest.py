@@ -122,7 +122,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 MODULE_SECS = {
     "test_cluster_lifecycle": 240, "test_object_storage": 164, "test_allreduce": 137,
     "test_ray": 128, "test_faults": 119, "test_distributed": 117, "test_preemption": 113,
-    "test_sweep": 95, "test_train": 51, "test_export_trust": 45, "test_serving": 39,
+    "test_sweep": 60, "test_train": 51, "test_export_trust": 45, "test_serving": 39,
     "test_progress": 39,
     "test_rerun": 35, "test_levers": 34, "test_batch_norm": 34, "test_job_lock": 33,
     "test_demo": 32, "test_logs": 30, "test_engines": 30, "test_precision": 30, "test_fuzz": 30,

@@ -155,6 +155,34 @@ def test_records_a_rerun_skips_the_finished_trials_and_names_the_best(tmp_path):
         == ["--seed unset (now 3)", "--train-steps 4 (now 8)"]
 
 
+def test_a_trials_pieces_its_error_line_its_node_and_a_log_the_driver_writes(tmp_path):
+    import pickle
+
+    from cifar10_estimator.distributed import sweep_trial
+
+    lines = ["step 2/4\n", "cifar10_estimator: error: training stopped: NaN\n",
+             "E0000 00:00 a C++ line after it\n"]
+    assert sweep_trial.last_error(lines) == "cifar10_estimator: error: training stopped: NaN"
+    assert sweep_trial.last_error(["Traceback\n", "KeyError: 'x'\n", "\n"]) == "KeyError: 'x'"
+    # Ray pickles the trainable's error: every field comes back.
+    again = pickle.loads(pickle.dumps(sweep_trial.TrialFailed("the line", 2, "the log")))
+    assert (str(again), again.exit_status, again.log) == ("the line", 2, "the log")
+    record = tmp_path / "sweep.json"
+    record.write_text('{"run_id": "abc"}')
+    assert sweep_trial.not_shared(str(record), "abc", "10.0.0.2") is None
+    assert sweep_trial.not_shared(str(record), "other", "10.0.0.2") == (
+        f"--sweep-dir {tmp_path} is not shared by the Ray cluster's nodes (this trial's node, "
+        f"10.0.0.2, does not see its sweep.json): use a bucket (s3://, gs://) or a folder every "
+        f"node mounts at the same path")
+    assert sweep_trial.not_shared("s3://bucket/sweep/sweep.json", "abc", "10.0.0.2") is None
+    # A bucket's trial hands its log to the driver, which writes it into the job dir.
+    trials = sweep.assign([{"learning-rate": "0.05"}], None, str(tmp_path))
+    state = _state(tmp_path, trials)
+    state.started(trials[0].name)
+    state.failed(trials[0].name, "the line", 2, log="line 1\nthe line\n")
+    assert (tmp_path / trials[0].name / "trial.log").read_text() == "line 1\nthe line\n"
+
+
 def test_a_metric_no_trial_reported_is_one_line(tmp_path):
     trials = sweep.assign([{"learning-rate": "0.05"}], None, str(tmp_path))
     state = _state(tmp_path, trials, metric="per_class_accuracy/dgo")

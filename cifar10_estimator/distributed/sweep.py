@@ -435,8 +435,12 @@ class Sweep:
                  f"({shown_settings(trial.settings)})")
         self.save()
 
-    def finished(self, name: str, metrics: dict[str, float]) -> None:
+    def finished(self, name: str, metrics: dict[str, float], log: Optional[str] = None
+                 ) -> None:
+        """A trial that ended well: its figures; ``log``, its trainer's output to write into
+        a bucket's job dir (a trial writes a local one itself, as it comes)."""
         trial = self.trials[name]
+        self._write_log(trial, log)
         trial.status, trial.metrics = FINISHED, dict(metrics)
         trial.secs = self._secs(name)
         trial.export = find_export(trial.job_dir)
@@ -446,8 +450,10 @@ class Sweep:
                  else f"no {self.metric} reported")
         self.say(f"{name} finished in {trial.secs:.0f} s: {shown}")
 
-    def failed(self, name: str, error: str, exit_status: Optional[int]) -> None:
+    def failed(self, name: str, error: str, exit_status: Optional[int],
+               log: Optional[str] = None) -> None:
         trial = self.trials[name]
+        self._write_log(trial, log)
         trial.status, trial.error, trial.exit_status = FAILED, error, exit_status
         trial.secs = self._secs(name)
         self._end(trial, False)
@@ -461,6 +467,11 @@ class Sweep:
             if trial.status == RUNNING:
                 trial.status = INTERRUPTED
         self.save()
+
+    def _write_log(self, trial: Trial, log: Optional[str]) -> None:
+        if log is not None:
+            storage.makedirs(trial.job_dir)
+            storage.write_bytes_atomic(trial.log, log.encode())
 
     def _secs(self, name: str) -> float:
         return now() - self._started.get(name, now())

@@ -11,7 +11,8 @@
   (``hypertune``: ``CLOUD_ML_TRIAL_ID`` = the trial's name, ``CLOUD_ML_HP_METRIC_FILE`` = a
   file in a temporary folder of the node). The trainer dies with its actor.
 - Its output goes to ``JOB/trial.log`` as it comes; for a job dir in a bucket, to a local file
-  uploaded when the trainer has ended.
+  whose text goes to the driver with the result, and the driver writes it into the bucket: the
+  trial itself touches no bucket, so it loads no TensorFlow (only its trainer does).
 - It reports the scalars to Ray Tune (``ray.tune.report``), or, when the trainer exited
   non-zero, raises ``TrialFailed`` with the trainer's last error line, which Ray Tune shows as
   the trial's error (status ERROR); the driver records both (``sweep``).
@@ -31,15 +32,18 @@ from cifar10_estimator.distributed.ray_node import TaskRunner
 _READ_SECS = 0.2
 # A trainer's one-line error: ``<command>: error: <what>`` (errors.run_cli).
 _ERROR_MARK = ": error: "
+# The result's key of a trial's whole log, for a job dir in a bucket (the driver writes it).
+LOG_RESULT = "trial_log"
 
 
 class TrialFailed(Exception):
     """A trial's trainer exited non-zero; the message is its last error line. ``exit_status``
     is the trainer's."""
 
-    def __init__(self, message: str, exit_status: Optional[int] = None):
-        super().__init__(message, exit_status)  # both in args: what pickle rebuilds it from
-        self.message, self.exit_status = message, exit_status
+    def __init__(self, message: str, exit_status: Optional[int] = None,
+                 log: Optional[str] = None):
+        super().__init__(message, exit_status, log)  # all in args: what pickle rebuilds from
+        self.message, self.exit_status, self.log = message, exit_status, log
 
     def __str__(self) -> str:
         return self.message
@@ -83,22 +87,23 @@ def run(config: Mapping, env: Mapping[str, str]) -> None:
         metric_file = os.path.join(temp, "output.metrics")
         variables = {**env, hypertune.TRIAL_ID_ENV: spec["name"],
                      hypertune.METRIC_FILE_ENV: metric_file}
-        code, tail = _run_trainer(spec["argv"], variables, spec["job_dir"], temp)
+        code, tail, log = _run_trainer(spec["argv"], variables, spec["job_dir"], temp)
         if code != 0:
-            raise TrialFailed(last_error(tail), code)
+            raise TrialFailed(last_error(tail), code, log)
         try:
             with open(metric_file) as f:
                 metrics, step = hypertune.read(f.read())
         except (OSError, ValueError) as e:
             raise TrialFailed(f"the trainer ended without its final evaluation's figures in "
-                              f"{metric_file} ({e})") from None
-    tune.report({**metrics, "global_step": step or 0})
+                              f"{metric_file} ({e})", code, log) from None
+    tune.report({**metrics, "global_step": step or 0,
+                 **({LOG_RESULT: log} if log is not None else {})})
 
 
 def _run_trainer(argv: list[str], variables: Mapping[str, str], job_dir: str, temp: str
-                 ) -> tuple[int, list[str]]:
-    """Runs the trainer to its end, its output into the trial's log; (exit status, its last
-    lines)."""
+                 ) -> tuple[int, list[str], Optional[str]]:
+    """Runs the trainer to its end, its output into the trial's log: (exit status, its last
+    lines, the whole log where the job dir is a bucket's, for the driver to write there)."""
     log = storage.join(job_dir, sweep.TRIAL_LOG_FILE)
     local = not storage.is_url(log)
     if local:
@@ -120,7 +125,7 @@ def _run_trainer(argv: list[str], variables: Mapping[str, str], job_dir: str, te
         finally:
             if runner.poll() is None:  # the log could not be written: the trainer saves, stops
                 runner.send(signal.SIGTERM)
-    if not local:
-        with open(path, "rb") as f:
-            storage.write_bytes_atomic(log, f.read())
-    return code, tail
+    if local:
+        return code, tail, None
+    with open(path, errors="replace") as f:
+        return code, tail, f.read()

@@ -68,17 +68,19 @@ def _recorder(state: sweep.Sweep):
                        if k not in AUTO_RESULT_KEYS and k != "global_step"
                        and isinstance(v, (int, float)) and not isinstance(v, bool)
                        and k not in ("done", "trial_id", "experiment_tag")}
-            state.finished(_name(trial), metrics)
+            state.finished(_name(trial), metrics, log=result.get(sweep_trial.LOG_RESULT))
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            state.failed(_name(trial), *failure(trial))
+            error, exit_status, log = failure(trial)
+            state.failed(_name(trial), error, exit_status, log=log)
 
     return Recorder()
 
 
-def failure(trial) -> tuple[str, Optional[int]]:
-    """A failed trial's error line and its trainer's exit status (None when the trainer did
-    not end by itself: the trial's node was lost, its actor stopped)."""
+def failure(trial) -> tuple[str, Optional[int], Optional[str]]:
+    """A failed trial's error line, its trainer's exit status (None when the trainer did not
+    end by itself: the trial's node was lost, its actor stopped) and the log the driver writes
+    (a bucket's job dir only)."""
     # Ray Tune keeps the trial's error in its local staging folder first (error.pkl, the
     # RayTaskError with the trainable's exception as its cause; error.txt, its traceback);
     # Trial.get_pickled_error reads the storage copy, which is synced later.
@@ -91,10 +93,10 @@ def failure(trial) -> tuple[str, Optional[int]]:
         error = None
     cause = getattr(error, "cause", error)
     if isinstance(cause, sweep_trial.TrialFailed):
-        return cause.message, cause.exit_status
+        return cause.message, cause.exit_status, cause.log
     try:
         with open(trial.error_file) as f:
             lines = [line.strip() for line in f if line.strip()]
     except (OSError, TypeError):
         lines = []
-    return (lines[-1][:1000] if lines else "Ray Tune gave no reason"), None
+    return (lines[-1][:1000] if lines else "Ray Tune gave no reason"), None, None
