@@ -44,14 +44,16 @@ def free_ports(count: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def tensorboard_server(logdir, cwd) -> Iterator[str]:
+def tensorboard_server(logdir, cwd, env: dict | None = None) -> Iterator[str]:
     """This environment's real ``tensorboard`` against ``logdir``, on a free port of 127.0.0.1
-    (Python's event reader, ``--load_fast false``): its base URL; stopped at the end."""
+    (Python's event reader, ``--load_fast false``), with ``env`` (default: this process's;
+    a bucket's settings for an ``s3://`` log dir): its base URL; stopped at the end."""
     port = free_ports(1)[0]
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     server = subprocess.Popen([tensorboard, "--logdir", str(logdir), "--port", str(port),
                                "--host", HOST, "--load_fast", "false"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd,
+                              env=env)
     try:
         yield f"http://{HOST}:{port}"
     finally:

@@ -20,6 +20,8 @@ from cifar10_estimator.errors import UserError
 from cluster_fixtures import tensorboard_server
 from trainer_fixtures import TINY_BATCHES, run_trainer, trainer_args, trainer_env, work_dir
 
+pytestmark = [pytest.mark.timeout(120)]  # the sweep on Ray has a limit of its own
+
 try:  # the Ray cluster's fixture, where Ray is installed (the unit tests run without it)
     from test_ray import ray_cluster  # noqa: F401
     from test_object_storage import bucket, s3_server, shared_store  # noqa: F401
@@ -361,14 +363,16 @@ def _post_json(url: str, body: dict):
         return json.load(response)
 
 
-def _hparams_dashboard(sweep_dir: str, tmp_path, sessions: int) -> tuple[dict, dict]:
-    """The real TensorBoard against the sweep dir: its HParams plugin's experiment and session
-    groups (the JSON requests its dashboard posts), once it shows ``sessions`` of them."""
+def _hparams_dashboard(sweep_dir: str, tmp_path, sessions: int, env: dict
+                      ) -> tuple[dict, dict]:
+    """The real TensorBoard against the sweep dir (a bucket's too: TensorBoard loads
+    tensorflow-io for s3:// itself): its HParams plugin's experiment and session groups (the
+    JSON requests its dashboard posts), once it shows ``sessions`` of them."""
     statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
     query = {"experimentName": "", "allowedStatuses": statuses, "startIndex": 0,
              "sliceSize": 100, "colParams": [
                  {"metric": {"group": "eval", "tag": "accuracy"}, "order": "ORDER_DESC"}]}
-    with tensorboard_server(sweep_dir, tmp_path) as base:
+    with tensorboard_server(sweep_dir, tmp_path, env) as base:
         plugin = f"{base}/data/plugin/hparams"
         deadline = time.monotonic() + 90
         while True:
@@ -425,21 +429,18 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
         log = shared_store.read(f"sweep/{name}/trial.log").decode()
         assert "reported accuracy, cross_entropy, loss and 10 per-class accuracies" in log
     # TensorBoard's HParams dashboard compares the four.
-    local_sweep = sweep_dir if not sweep_dir.startswith("s3://") else None
-    if local_sweep:
-        experiment, groups = _hparams_dashboard(local_sweep, tmp_path, 4)
-        assert {h["name"] for h in experiment["hparamInfos"]} == {"learning-rate",
-                                                                  "num-layers"}
-        assert {"accuracy", "loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
-        assert len(groups["sessionGroups"]) == 4
-        for group in groups["sessionGroups"]:
-            session = group["sessions"][0]
-            assert session["status"] == "STATUS_SUCCESS"
-            accuracy = next(m["value"] for m in session["metricValues"]
-                            if m["name"]["tag"] == "accuracy")
-            assert accuracy == pytest.approx(values[group["name"]], abs=1e-6)
-            assert group["hparams"]["num-layers"] in (8, 14)
-        assert groups["sessionGroups"][0]["name"] == best  # sorted by accuracy, descending
+    experiment, groups = _hparams_dashboard(sweep_dir, tmp_path, 4, env)
+    assert {h["name"] for h in experiment["hparamInfos"]} == {"learning-rate", "num-layers"}
+    assert {"accuracy", "loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
+    assert len(groups["sessionGroups"]) == 4
+    for group in groups["sessionGroups"]:
+        session = group["sessions"][0]
+        assert session["status"] == "STATUS_SUCCESS"
+        accuracy = next(m["value"] for m in session["metricValues"]
+                        if m["name"]["tag"] == "accuracy")
+        assert accuracy == pytest.approx(values[group["name"]], abs=1e-6)
+        assert group["hparams"]["num-layers"] in (8, 14)
+    assert groups["sessionGroups"][0]["name"] == best  # sorted by accuracy, descending
     # The same command again: every trial read back, nothing started, Ray not even joined.
     logs_before = {n: shared_store.read(f"sweep/{n}/trial.log") for n in names}
     again = _sweep(ray_cluster, sweep_dir, grid, trainer, env)
@@ -466,8 +467,7 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
     record = json.loads(shared_store.read("sweep/sweep.json"))
     assert [t["status"] for t in record["trials"]] == ["finished"] * 4 + ["failed"] * 2
     assert record["counts"]["failed"] == 2 and "became NaN" in record["trials"][5]["error"]
-    if local_sweep:
-        _, groups = _hparams_dashboard(local_sweep, tmp_path, 6)
-        statuses = {g["name"]: g["sessions"][0]["status"] for g in groups["sessionGroups"]}
-        assert statuses == {**{n: "STATUS_SUCCESS" for n in names},
-                            **{n: "STATUS_FAILURE" for n in failed}}
+    _, groups = _hparams_dashboard(sweep_dir, tmp_path, 6, env)
+    statuses = {g["name"]: g["sessions"][0]["status"] for g in groups["sessionGroups"]}
+    assert statuses == {**{n: "STATUS_SUCCESS" for n in names},
+                        **{n: "STATUS_FAILURE" for n in failed}}
