@@ -152,11 +152,15 @@ class LocalRay:
              "--disable-usage-stats", "--block"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
-        while subprocess.run([sys.executable, "-c", "import ray; ray.init(address=%r)"
-                              % self.address], capture_output=True).returncode:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the Ray head did not start")
-            time.sleep(1)
+        try:
+            while subprocess.run([sys.executable, "-c", "import ray; ray.init(address=%r)"
+                                  % self.address], capture_output=True).returncode:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Ray head did not start")
+                time.sleep(1)
+        except BaseException:  # a head that no client joins is still running: stop it too
+            self.__exit__(None, None, None)
+            raise
         return self.address
 
     def __exit__(self, *exc) -> None:
