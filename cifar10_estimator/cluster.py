@@ -88,21 +88,13 @@ def build_parser() -> cli.Parser:
     return parser
 
 
-def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" not in argv:
-        return argv, []
-    i = argv.index("--")
-    return argv[:i], argv[i + 1:]
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
 def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
     """Parses the launcher's flags and runs the cluster; returns the exit status."""
-    own, trainer_args = _split(sys.argv[1:] if argv is None else argv)
+    own, trainer_args = cli.split_at_dashes(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
     if not trainer_args:
         raise UserError("give the trainer's flags after --, e.g. -- --data-dir DATA "
