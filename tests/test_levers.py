@@ -288,3 +288,29 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
     assert accuracy, evaluated.stdout
     shown = float(accuracy.group(1))
     assert shown == pytest.approx(float(final.group(1)) * (100 if shown > 1 else 1), abs=0.02)
+
+
+def test_dirac_init_makes_the_first_filters_of_every_convolution_after_the_stem_the_identity():
+    with tf.Graph().as_default():
+        networks.logits(tf.zeros([2, 32, 32, 3]), ModelParams(num_layers=8, dirac_init=True),
+                        is_training=True, num_classes=10, data_format="channels_last",
+                        compute_dtype=tf.float32)
+        kernels = {v.op.name: v for v in tf.compat.v1.global_variables()
+                   if v.op.name.endswith("/kernel") and v.shape.rank == 4}
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            values = session.run(kernels)
+    stem = [name for name in values if name.split("/")[-2] == "stem"]
+    assert stem and not np.array_equal(values[stem[0]][1, 1, :3, :3], np.eye(3))  # as it was
+    checked = 0
+    for name, kernel in values.items():
+        if name in stem:
+            continue
+        _, _, channels_in, channels_out = kernel.shape
+        n = min(channels_in, channels_out)
+        expected = np.zeros((3, 3, channels_in, n), np.float32)
+        expected[1, 1, range(n), range(n)] = 1.0
+        np.testing.assert_array_equal(kernel[..., :n], expected, err_msg=name)
+        assert n == channels_out or np.std(kernel[..., n:]) > 0  # the rest: He et al.'s
+        checked += 1
+    assert checked == 6  # ResNet-8: three blocks of two convolutions

@@ -208,3 +208,13 @@ def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
     np.testing.assert_allclose(got_mean, batch_mean, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got_variance, batch_variance, rtol=1e-4, atol=1e-5)
     assert not np.allclose(got_mean, start[0]) and precise.seconds is not None
+
+
+def test_triangular_rises_from_a_fifth_of_the_peak_then_falls_to_zero_at_the_end():
+    # airbench's: peak x0.2 at step 0, the peak at 20 % of the run, 0 at its last step.
+    params = ModelParams(learning_rate=0.5, lr_schedule="triangular")
+    got = _rates(params, (0, 100, 200, 600, 1000), total_steps=1000)
+    np.testing.assert_allclose(got, [0.1, 0.3, 0.5, 0.25, 0.0], rtol=1e-5, atol=1e-7)
+    # --warmup-epochs sets the rise: 5 epochs of 10 steps.
+    assert _rates(ModelParams(learning_rate=0.5, lr_schedule="triangular", warmup_epochs=5),
+                  (50,))[0] == pytest.approx(0.5)

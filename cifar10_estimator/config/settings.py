@@ -47,10 +47,15 @@ ONE_CYCLE_RISE = 0.3
 # iterations", the run ending at 64k: drops at 50 % and 75 % of the run, to 0.1 and 0.01.
 HE_FRACTIONS = (0.5, 0.75)
 HE_FACTORS = (1.0, 0.1, 0.01)
-LR_SCHEDULES = ("piecewise", "he", "cosine", "one-cycle")
+# airbench's triangular schedule (Jordan 2024, github.com/KellerJordan/cifar10-zoo,
+# airbench_ablations/main2_dirac.py): linear from a fifth of the peak to the peak over the
+# first fifth of the run, then linear down to 0 at its last step.
+TRIANGULAR_START = 0.2
+TRIANGULAR_RISE = 0.2
+LR_SCHEDULES = ("piecewise", "he", "cosine", "one-cycle", "triangular")
 # The schedules whose shape depends on the run's length: their steps follow --train-steps or
 # --train-epochs, so the settings record keeps the length they span (``config.plan``).
-LENGTH_SHAPED_SCHEDULES = ("he", "cosine", "one-cycle")
+LENGTH_SHAPED_SCHEDULES = ("he", "cosine", "one-cycle", "triangular")
 # The settings that say where the piecewise schedule drops; a ResNet on --recipe paper whose
 # length is given in --train-epochs and none of these takes ``he`` (``overlays.follows_he``).
 SCHEDULE_FIELDS = ("lr_schedule", "lr_boundary_epochs", "lr_decay_factors")
@@ -133,15 +138,18 @@ class ModelParams:
                      f"of its steps (He et al. 2015); cosine: from the peak down to 0 at the "
                      f"end of the run (Loshchilov and Hutter 2017); one-cycle: up from "
                      f"peak/{ONE_CYCLE_START_DIVISOR:g} to the peak, then down to "
-                     f"peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017). "
+                     f"peak/{ONE_CYCLE_END_DIVISOR:g} at the end (Smith and Topin 2017); "
+                     f"triangular: linear from peak x{TRIANGULAR_START:g} to the peak over "
+                     f"{TRIANGULAR_RISE * 100:.0f}%% of the run, then linear down to 0 "
+                     f"(airbench, Jordan 2024). "
                      f"{', '.join(LENGTH_SHAPED_SCHEDULES)} follow the run's length: the job "
                      f"dir records it, and a rerun of another length needs --change-settings",
         group="schedule", record=True, choices=LR_SCHEDULES,
         recipe=True)
     warmup_epochs: float = setting(
         0.0, f"epochs of linear warm-up from 0 to the peak rate before the schedule (Goyal et "
-             f"al. 2017); for one-cycle, the length of its rising part (0: "
-             f"{ONE_CYCLE_RISE * 100:.0f}%% of the run)",
+             f"al. 2017); for one-cycle and triangular, the length of their rising part (0: "
+             f"{ONE_CYCLE_RISE * 100:.0f}%% and {TRIANGULAR_RISE * 100:.0f}%% of the run)",
         group="schedule", record=True, check=AT_LEAST_0, recipe=True)
     lr_boundary_epochs: tuple[float, ...] = setting(
         (82, 123, 300), "epochs at which the learning rate drops (comma-separated, fractions "
@@ -161,6 +169,10 @@ class ModelParams:
         False, "start the scale of each v1 block's last batch norm at 0, so that every residual "
                "block begins as the identity (Goyal et al. 2017, arXiv:1706.02677, section "
                "5.1) (true/false)",
+        group="model", record=True, models=(RESNET,))
+    dirac_init: bool = setting(
+        False, "start every convolution after the stem with its first filters as the identity "
+               "(airbench's dirac initialisation, Jordan 2024) (true/false)",
         group="model", record=True, models=(RESNET,))
     label_smoothing: float = setting(
         0.0, "label smoothing of the training loss, in [0, 1): the target puts 1 - e on the "

@@ -89,7 +89,8 @@ def _network(images, params: ModelParams, *, is_training, num_classes, data_form
                           else batch_norm_decay),
         batch_norm_epsilon=params.batch_norm_epsilon, num_classes=num_classes,
         compute_dtype=compute_dtype, fold_batch_norm=fold_batch_norm,
-        zero_init_residual=params.zero_init_residual, whitening_patch=params.whitening_patch,
+        zero_init_residual=params.zero_init_residual, dirac_init=params.dirac_init,
+        whitening_patch=params.whitening_patch,
         whitening_sample=whitening_sample)
 
 

@@ -21,6 +21,7 @@ it, over the same variables (so the same checkpoint fits).
 
 from typing import Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from cifar10_estimator.config.settings import blocks_per_stage
@@ -31,15 +32,37 @@ NUM_FILTERS = (16, 16, 32, 64)  # stem, then stages 1-3 (paper, section 4.2)
 STAGE_STRIDES = (1, 2, 2)
 # The last part of every convolution's and the dense layer's weight-matrix name.
 KERNEL = "kernel"
+STEM = "stem"  # the first convolution's name
 # The last parts of the names of the batch norms' trainable scale and shift.
 BATCH_NORM_PARAMETERS = ("/gamma", "/beta")
+
+
+def _dirac(initializer):
+    """``initializer`` with its first min(in, out) filters made the identity: filter j passes
+    input channel j through (a 1 at the kernel's centre), so a stack of such convolutions
+    starts as an implicit residual path. airbench's dirac initialisation (Jordan 2024,
+    github.com/KellerJordan/cifar10-zoo, airbench_ablations/main2_dirac.py: PyTorch's
+    ``dirac_`` on the first in-channels output filters), which cut its epochs to 94 % on
+    CIFAR-10 from 21 to 18."""
+    def init(shape, dtype=tf.float32, partition_info=None):
+        height, width, channels_in, channels_out = shape
+        identity = np.zeros(shape, np.float32)
+        keep = np.ones(shape, np.float32)
+        for j in range(min(channels_in, channels_out)):
+            keep[..., j] = 0.0
+            identity[height // 2, width // 2, j, j] = 1.0
+        return (initializer(shape, dtype, partition_info=partition_info) * keep
+                + tf.constant(identity, dtype))
+
+    return init
 
 
 class _Builder:
     """Holds the per-graph settings shared by every layer of one forward pass."""
 
     def __init__(self, is_training, data_format, batch_norm_decay, batch_norm_epsilon,
-                 compute_dtype, fold_batch_norm=False, zero_init_residual=False):
+                 compute_dtype, fold_batch_norm=False, zero_init_residual=False,
+                 dirac_init=False):
         if data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
         if fold_batch_norm and is_training:
@@ -51,6 +74,7 @@ class _Builder:
         self.bn_epsilon = batch_norm_epsilon
         self.dtype = compute_dtype
         self.zero_init_residual = zero_init_residual
+        self.dirac_init = dirac_init
 
     @property
     def channel_axis(self):
@@ -62,10 +86,12 @@ class _Builder:
     def _kernel(self, in_filters, filters, name):
         # He et al. 2015 ("Delving Deep into Rectifiers", arXiv:1502.01852) initialisation,
         # which the ResNet paper uses (section 3.4).
-        return tf.compat.v1.get_variable(
-            f"{name}/{KERNEL}", [3, 3, in_filters, filters], tf.float32,
-            initializer=tf.compat.v1.variance_scaling_initializer(
-                scale=2.0, mode="fan_in", distribution="truncated_normal"))
+        initializer = tf.compat.v1.variance_scaling_initializer(
+            scale=2.0, mode="fan_in", distribution="truncated_normal")
+        if self.dirac_init and name != STEM:
+            initializer = _dirac(initializer)
+        return tf.compat.v1.get_variable(f"{name}/{KERNEL}", [3, 3, in_filters, filters],
+                                         tf.float32, initializer=initializer)
 
     def _convolve(self, x, kernel, stride):
         if stride > 1:
@@ -178,7 +204,7 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
                  batch_norm_epsilon: float = 1e-5, num_classes: int = 10,
                  compute_dtype: tf.DType = tf.float32,
                  fold_batch_norm: bool = False, zero_init_residual: bool = False,
-                 whitening_patch: int = 0,
+                 dirac_init: bool = False, whitening_patch: int = 0,
                  whitening_sample: Optional[Callable[[], tf.Tensor]] = None) -> tf.Tensor:
     """Builds the ResNet forward pass.
 
@@ -199,6 +225,8 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
       zero_init_residual: version 1 only: initialise the scale of each block's last batch
         norm to 0, so that each block starts as the identity of its shortcut (Goyal et al.
         2017, arXiv:1706.02677, section 5.1).
+      dirac_init: initialise every convolution after the stem with its first filters as the
+        identity (``_dirac``).
       whitening_patch: 0, or the patch size of a frozen whitening layer before the stem
         (``whitening``): the stem then reads its 3 x patch^2 channels.
       whitening_sample: training: gives the pictures (float32 [N, 32, 32, 3], 0..255) the
@@ -216,7 +244,7 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
     if zero_init_residual and version != 1:
         raise ValueError("zero_init_residual needs version 1: a v2 block ends in a convolution")
     b = _Builder(is_training, data_format, batch_norm_decay, batch_norm_epsilon, compute_dtype,
-                 fold_batch_norm, zero_init_residual)
+                 fold_batch_norm, zero_init_residual, dirac_init)
     block = b.block_v1 if version == 1 else b.block_v2
 
     x = _network_scale(images)
@@ -229,9 +257,9 @@ def resnet_cifar(images: tf.Tensor, *, is_training: bool, num_layers: int, versi
             sample=whitening_sample and (lambda: _network_scale(whitening_sample())))
 
     if version == 1:
-        x = tf.nn.relu(b.conv_bn(x, NUM_FILTERS[0], 1, "stem", "stem_bn"))  # 32x32x16
+        x = tf.nn.relu(b.conv_bn(x, NUM_FILTERS[0], 1, STEM, "stem_bn"))  # 32x32x16
     else:
-        x = b.conv(x, NUM_FILTERS[0], 1, "stem")
+        x = b.conv(x, NUM_FILTERS[0], 1, STEM)
     for stage, (filters, stride) in enumerate(zip(NUM_FILTERS[1:], STAGE_STRIDES), start=1):
         for i in range(n):
             x = block(x, filters, stride if i == 0 else 1, f"stage{stage}/block{i}")

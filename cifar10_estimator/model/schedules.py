@@ -9,6 +9,9 @@ Learning-rate schedules, all counted in global steps and epochs of the training 
   iterations; ``config.settings``' HE_*).
 - ``cosine``: half a cosine from the peak down to 0 at the run's last step (Loshchilov and
   Hutter 2017, "SGDR", arXiv:1608.03983, without restarts).
+- ``triangular``: linear up from a fifth of the peak to the peak over a fifth of the run, then
+  linear down to 0 at its last step (airbench's, Jordan 2024; ``config.settings``'
+  TRIANGULAR_*).
 - ``one-cycle``: linear up from a fraction of the peak to the peak, then half a cosine down to
   a far smaller fraction at the last step (Smith and Topin 2017, "Super-Convergence",
   arXiv:1708.07120; the fractions and the rising share are ``config.settings``' ONE_CYCLE_*,
@@ -21,7 +24,7 @@ them into tensors.
 A warm-up (``warmup_epochs``; Goyal et al. 2017, "Accurate, Large Minibatch SGD",
 arXiv:1706.02677) scales the rate linearly from 0 to full over its epochs: for ``piecewise``
 and ``he`` it ramps the first phase, whose boundaries stay where they are; ``cosine`` starts
-its decay after it; for ``one-cycle`` it sets the length of the rise.
+its decay after it; for ``one-cycle`` and ``triangular`` it sets the length of the rise.
 """
 
 import math
@@ -30,7 +33,8 @@ import tensorflow as tf
 
 from cifar10_estimator.config.plan import Schedule
 from cifar10_estimator.config.settings import (ONE_CYCLE_END_DIVISOR, ONE_CYCLE_RISE,
-                                               ONE_CYCLE_START_DIVISOR)
+                                               ONE_CYCLE_START_DIVISOR, TRIANGULAR_RISE,
+                                               TRIANGULAR_START)
 
 
 def learning_rate(global_step: tf.Tensor, schedule: Schedule) -> tf.Tensor:
@@ -39,6 +43,12 @@ def learning_rate(global_step: tf.Tensor, schedule: Schedule) -> tf.Tensor:
     peak, warmup, total = schedule.peak, schedule.warmup_steps, schedule.total_steps
     if schedule.kind == "one-cycle":
         return _one_cycle(step, peak, warmup or ONE_CYCLE_RISE * total, total)
+    if schedule.kind == "triangular":
+        rise = warmup or TRIANGULAR_RISE * total
+        up = peak * (TRIANGULAR_START + (1.0 - TRIANGULAR_START)
+                     * tf.minimum(step / max(rise, 1.0), 1.0))
+        down = peak * tf.clip_by_value((total - step) / max(total - rise, 1.0), 0.0, 1.0)
+        return tf.where(step < rise, up, down)
     if schedule.kind == "cosine":
         progress = tf.clip_by_value((step - warmup) / max(total - warmup, 1.0), 0.0, 1.0)
         rate = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
