@@ -367,7 +367,7 @@ def _hparams_dashboard(sweep_dir: str, tmp_path, sessions: int, env: dict
                       ) -> tuple[dict, dict]:
     """The real TensorBoard against the sweep dir (a bucket's too: TensorBoard loads
     tensorflow-io for s3:// itself): its HParams plugin's experiment and session groups (the
-    JSON requests its dashboard posts), once it shows ``sessions`` of them."""
+    JSON requests its dashboard posts), once it shows ``sessions`` of them, each ended."""
     statuses = ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]
     query = {"experimentName": "", "allowedStatuses": statuses, "startIndex": 0,
              "sliceSize": 100, "colParams": [
@@ -378,8 +378,11 @@ def _hparams_dashboard(sweep_dir: str, tmp_path, sessions: int, env: dict
         while True:
             try:
                 groups = _post_json(f"{plugin}/session_groups", query)
+                # Every trial ended (its session's end read too: TensorBoard loads event files
+                # in passes, a bucket's slowly, and shows an unread end as STATUS_UNKNOWN).
                 if len(groups.get("sessionGroups", ())) >= sessions and all(
-                        g["sessions"][0].get("status") for g in groups["sessionGroups"]):
+                        g["sessions"][0].get("status") not in (None, "STATUS_UNKNOWN")
+                        for g in groups["sessionGroups"]):
                     return _post_json(f"{plugin}/experiment", {"experimentName": ""}), groups
             except OSError:
                 pass
