@@ -100,9 +100,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         raise UserError("give the trainer's flags after --, e.g. -- --data-dir DATA "
                         "--job-dir JOB")
     # Catch a mistyped trainer flag once, here, rather than in every task.
-    trainer_parser = flags.build_parser()
-    trainer_parser.error_name = f"{cli.error_prefix(MODULE)} (trainer flags)"
-    parsed = trainer_parser.parse_args(trainer_args)
+    parsed = flags.handed_on_parser(MODULE).parse_args(trainer_args)
     if not parsed.job_dir:
         raise UserError("the trainer needs --job-dir (shared by every task)")
     if not parsed.data_dir:

@@ -105,8 +105,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         raise UserError("give the trainer's flags after --, e.g. -- --data-dir DATA "
                         "--train-epochs 30")
     cwd = os.getcwd()
-    trainer_parser = flags.build_parser()
-    trainer_parser.error_name = f"{cli.error_prefix(MODULE)} (trainer flags)"
+    trainer_parser = flags.handed_on_parser(MODULE)
     trainer = trainer_parser.expand_flag_files(trainer)
     parsed = trainer_parser.parse_args(trainer)
     for name, why in sweep.OWN_FLAGS.items():

@@ -126,6 +126,14 @@ def to_argv(settings: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+def handed_on_parser(command: str) -> cli.Parser:
+    """The trainer's parser for the flags another command (a launcher, a sweep) hands on after
+    ``--``: a mistyped flag is caught once, there, and its error names that command."""
+    parser = build_parser()
+    parser.error_name = f"{cli.error_prefix(command)} (trainer flags)"
+    return parser
+
+
 def parse(argv: Optional[Sequence[str]], under: Optional[Mapping[str, Any]] = None
           ) -> tuple[TrainConfig, bool]:
     """(the settings, --verbose) from the command line; argparse exits 2 on a bad flag, and a
