@@ -53,6 +53,17 @@ def test_eval_mode_has_weighted_metrics_and_no_optimizer():
             assert sess.run(total[0]) == 6
 
 
+def test_evaluation_and_prediction_fold_batch_norm_as_the_export_does_and_training_does_not():
+    def batch_norms(mode):
+        with tf.Graph().as_default() as graph:
+            _spec(mode, with_labels=mode != ModeKeys.PREDICT)
+            return [op for op in graph.get_operations() if op.type == "FusedBatchNormV3"]
+
+    # ResNet v1: every batch norm follows a convolution, so none is left outside training.
+    assert not batch_norms(ModeKeys.EVAL) and not batch_norms(ModeKeys.PREDICT)
+    assert len(batch_norms(ModeKeys.TRAIN)) == 7  # ResNet-8: the stem and 3 blocks of 2
+
+
 def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
     settings = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS,
                                       devices=("/cpu:0", "/cpu:1"))

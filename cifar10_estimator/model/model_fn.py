@@ -97,9 +97,12 @@ def _whitening_sample(s: ModelSettings):
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
     p = s.params
+    # Evaluation and prediction fold each batch norm into its convolution, as the export does
+    # (serving.signatures): they compute what is served, and faster in bf16 (docs/performance.md,
+    # "End of training").
     logits = networks.logits(images, p, is_training=is_training, num_classes=s.num_classes,
                              data_format=s.data_format, compute_dtype=tf.as_dtype(s.compute_dtype),
-                             batch_norm_decay=bn_decay,
+                             batch_norm_decay=bn_decay, fold_batch_norm=not is_training,
                              whitening_sample=_whitening_sample(s) if is_training else None)
     if labels is None:
         return logits, None, None
