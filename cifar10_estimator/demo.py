@@ -14,14 +14,13 @@ faster), else fp32. The wall time of every stage is printed at the end.
 """
 
 import os
-import sys
 import time
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from cifar10_estimator import cli
 from cifar10_estimator.config.settings import TUTORIAL_BATCH
 from cifar10_estimator.data import sample_data
-from cifar10_estimator.errors import UserError, run_cli
+from cifar10_estimator.errors import UserError, end_process, run_cli
 from cifar10_estimator.platform.process import prepare_process
 
 
@@ -141,5 +140,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_cli(lambda: _run(argv), MODULE)
 
 
+def command() -> NoReturn:
+    """The process's entry point (the console script, ``python -m``): ``main()``, then the
+    process ends without the interpreter's teardown (``errors.end_process``)."""
+    end_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

@@ -10,7 +10,7 @@ a bug and keeps its traceback.
 
 import signal
 import sys
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from cifar10_estimator.cli import error_prefix
 
@@ -56,7 +56,7 @@ def run_cli(main_fn: Callable[[], int | None], module: str) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         code = 130
     if "tensorflow_io" in sys.modules:
-        _exit_before_teardown(code)
+        end_process(code)
     return code
 
 
@@ -88,11 +88,15 @@ def close_event_files(timeout: Optional[float] = None) -> None:
     closer.join(timeout)
 
 
-def _exit_before_teardown(code: int) -> None:
-    """Ends the process now, once its output is out: tensorflow-io 0.36's S3 file system
-    aborts the interpreter's teardown (SIGABRT, exit 134: tensorflow/io issue 1912), which
-    would hide the command's own exit status. Everything the command wrote is closed by now;
-    what is skipped is only the teardown."""
+def end_process(code: int) -> NoReturn:
+    """Ends the process now with ``code``, once its output is out, skipping the interpreter's
+    teardown: the commands' own entry points (``python -m`` and the console scripts, never a
+    caller in the same process) end so. The teardown of TensorFlow's graphs and runtime took
+    about a second after every run (docs/performance.md, "End of training"), and tensorflow-io
+    0.36's S3 file system aborts it (SIGABRT, exit 134: tensorflow/io issue 1912), which would
+    hide the command's own exit status. Everything the command wrote is closed by now (the
+    event files Estimator keeps open are closed here); only the teardown is skipped. No command
+    that starts Ray ends so: ``ray.init``'s exit handler stops what it started."""
     import logging
     import os
 

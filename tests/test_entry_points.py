@@ -101,3 +101,36 @@ def test_flag_files_hold_flags_with_comments_and_later_flags_win(tmp_path):
     assert os.path.isfile(tmp_path / "data" / "train.tfrecords")
     missing = _run([*COMMANDS["generator"][0], f"@{tmp_path / 'nothing.flags'}"])
     assert missing.returncode == 2 and "nothing.flags" in missing.stderr.strip().splitlines()[0]
+
+
+def test_a_command_ends_its_process_without_the_interpreters_teardown(tmp_path):
+    """The commands end with ``os._exit`` once their output is out (TensorFlow's teardown took
+    about a second after every run); a command that may start Ray keeps the teardown, whose
+    exit handler stops what Ray started."""
+    hooks, marker = tmp_path / "hooks", tmp_path / "torn-down"
+    hooks.mkdir()
+    # An exit handler in every process: it runs only if the interpreter tears down.
+    (hooks / "sitecustomize.py").write_text(
+        f"import atexit\natexit.register(lambda: open({str(marker)!r}, 'w').close())\n")
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))}
+
+    def run(argv):
+        marker.unlink(missing_ok=True)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
+                              cwd=work_dir())
+        return proc, marker.exists()
+
+    data = tmp_path / "data"
+    made, torn_down = run([os.path.join(BIN, "cifar10-generate-tfrecords"), "--data-dir",
+                           str(data), "--sample", "--sample-size", "10"])
+    assert made.returncode == 0 and not torn_down, made.stderr
+    assert os.path.getsize(data / "eval.tfrecords") > 0  # the output was all written
+    # The trainer's one-line error for a folder with no records, from the command's end.
+    refused, torn_down = run([*COMMANDS["trainer"][0], "--data-dir", str(tmp_path / "none"),
+                              "--job-dir", str(tmp_path / "job")])
+    assert refused.returncode == 2 and not torn_down
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith("cifar10_estimator: error: ") and "none" in error
+    kept, torn_down = run([os.path.join(BIN, "cifar10-cluster"), "--bogus-flag", "1"])
+    assert kept.returncode == 2 and torn_down
