@@ -15,8 +15,9 @@ for the trainer, drawn one confusion image, so that matplotlib's fonts are loade
 The child then becomes the command: its environment, current folder, standard streams
 (unbuffered, as with ``PYTHONUNBUFFERED``), ``sys.argv`` and ``sys.path[0]`` as ``python -m``
 gives them, default signal handlers, a fresh NumPy seed, and ``runpy`` runs the module as
-``__main__``; it ends as the interpreter ends (non-daemon threads joined, ``atexit`` handlers
-run). Two things show the fork: its parent is the server, and ``/proc/PID/environ`` (the
+``__main__``; it ends as the command ends its process (``errors.end_process``), or, where the
+command lets the interpreter end (argparse's exits), as the interpreter ends (non-daemon threads
+joined, ``atexit`` handlers run). Two things show the fork: its parent is the server, and ``/proc/PID/environ`` (the
 environment a process was started with) is the server's; ``os.environ`` and the C library's are
 the command's.
 
