@@ -49,7 +49,8 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     before the cancellation is marked (a lost wake-up), and ``Session.close`` then waits out
     the rest of the period: 10-60 s between the end of training and the export, in some runs,
     growing with training time. These pipelines set no AUTOTUNE value, so the thread has
-    nothing to tune; without it the close is immediate (benchmarks/end_of_training_bench.py).
+    nothing to tune; without it the close is immediate (the export phase and autotuning lines of
+    benchmarks/fixed_cost.py).
     """
     options = tf.data.Options()
     options.autotune.enabled = False
