@@ -45,6 +45,11 @@ next run. ``--per-class`` takes the first N training pictures of each class (1,0
 pictures of each class instead of the test pictures, and trains on at most the 5,000 before
 them: the split to choose values on; ``--split test`` (the default) is for reporting.
 
+``--report`` runs nothing: it prints the table of the runs of ``--rows`` and ``--seeds`` that
+earlier invocations left in ``--work-dir`` (their logs), for a planned round whose seeds ran in
+several sessions or whose launch stopped; a run missing or unfinished is named. Its machine line
+is the machine it runs on; the runs' own are at the top of their logs.
+
 Printed: the machine, a line per run as it ends, then one table: per row the median final
 accuracy with its lowest and highest over the seeds, the median epochs and wall minutes, and the
 row's median time as a share of the ``he`` row's (else the ``paper`` row's) under the same
@@ -188,6 +193,8 @@ EVALUATION = re.compile(r"\bevaluation at step (\d+): accuracy = ([0-9.]+(?:e-?\
 # The trainer's line about the data (training/start.py): "... 60000 train records, 468 steps
 # per epoch, ..."; the Keras run prints the same words.
 STEPS_PER_EPOCH = re.compile(r"\b(\d+) train records, (\d+) steps per epoch")
+# The same lines' length of the run: "..., 2750 steps in all".
+TOTAL_STEPS = re.compile(r"\b(\d+) steps in all")
 FAILED_OUTPUT_CHARS = 3000
 
 
@@ -213,6 +220,18 @@ class Run:
     @property
     def final(self) -> Evaluation:
         return self.evaluations[-1]
+
+    def read(self, line: str, seconds: float) -> None:
+        """Takes in one line of the run's output, ``seconds`` after its start."""
+        sizes = STEPS_PER_EPOCH.search(line)
+        if sizes:
+            self.steps_per_epoch = int(sizes.group(2))
+        match = EVALUATION.search(line)
+        # The final evaluation is logged twice (as it happens and in the summary).
+        if match and int(match.group(1)) not in {e.step for e in self.evaluations}:
+            step = int(match.group(1))
+            self.evaluations.append(Evaluation(step, step / self.steps_per_epoch,
+                                               seconds / 60, float(match.group(2))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +316,6 @@ def run_logged(run: Run) -> Run:
     (into ``run.log``) and collects its evaluations; exits on failure."""
     os.makedirs(os.path.dirname(run.log), exist_ok=True)
     tail: collections.deque[str] = collections.deque(maxlen=400)
-    seen: set[int] = set()
     started = time.monotonic()
     proc = subprocess.Popen(run.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, cwd=REPO, env=run.env)
@@ -307,16 +325,7 @@ def run_logged(run: Run) -> Run:
             log.write(f"{seconds:9.2f} {line}")
             log.flush()
             tail.append(line)
-            sizes = STEPS_PER_EPOCH.search(line)
-            if sizes:
-                run.steps_per_epoch = int(sizes.group(2))
-            match = EVALUATION.search(line)
-            # The final evaluation is logged twice (as it happens and in the summary).
-            if match and int(match.group(1)) not in seen:
-                step = int(match.group(1))
-                seen.add(step)
-                run.evaluations.append(Evaluation(step, step / run.steps_per_epoch,
-                                                  seconds / 60, float(match.group(2))))
+            run.read(line, seconds)
     status = proc.wait()
     run.minutes = (time.monotonic() - started) / 60
     if status or not run.evaluations:
@@ -327,6 +336,25 @@ def run_logged(run: Run) -> Run:
     print(f"  {run.name}, seed {run.seed}: {100 * run.final.accuracy:.2f} % at epoch "
           f"{run.final.epoch:.2f} after {run.final.minutes:.2f} min (log: {run.log})",
           flush=True)
+    return run
+
+
+def read_logged(run: Run) -> Run:
+    """``run`` as its log (``run_logged``'s, each line stamped) tells it: for ``--report``."""
+    try:
+        with open(run.log) as log:
+            lines = log.readlines()
+    except OSError:
+        raise UserError(f"--report: no log of the {run.name} run (seed {run.seed}) at "
+                        f"{run.log}; run that row and seed first") from None
+    for stamped in lines:
+        seconds, _, line = stamped.lstrip().partition(" ")
+        run.read(line, float(seconds))
+    total = TOTAL_STEPS.search("".join(lines[:60]))
+    if not run.evaluations or not total or run.final.step < int(total.group(1)):
+        raise UserError(f"--report: the {run.name} run (seed {run.seed}) did not finish "
+                        f"(its log: {run.log}); run that row and seed again")
+    run.minutes = float(lines[-1].lstrip().partition(" ")[0]) / 60
     return run
 
 
@@ -341,7 +369,8 @@ def run_env(row: Row) -> dict:
 def make_run(row: Row, seed: int, args, data_dir: str, train_records: int) -> Run:
     """The command of one run of ``row``."""
     folder = os.path.join(args.work_dir, "runs", row.spec.replace("@", "-at-"), f"seed-{seed}")
-    shutil.rmtree(folder, ignore_errors=True)  # a fresh job folder: no resuming
+    if not args.report:
+        shutil.rmtree(folder, ignore_errors=True)  # a fresh job folder: no resuming
     log = os.path.join(folder, "log.txt")
     boundaries = scaled_boundaries(args.epochs)
     if row.base == "keras":
@@ -498,6 +527,10 @@ def parse_args(argv=None):
                         help="records (kept for reruns), job folders and logs")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write every figure to PATH as JSON")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: the table of the runs of these rows and seeds that "
+                             "earlier invocations left in --work-dir (a round whose seeds ran "
+                             "in several sessions)")
     # The Keras run's own process (train_keras).
     parser.add_argument("--_keras-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
@@ -539,7 +572,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for row in args.rows:
             run = make_run(row, seed, args, data_dir, train_records)
-            runs[row.spec].append(run_logged(run))
+            runs[row.spec].append(read_logged(run) if args.report else run_logged(run))
     print()
     print(machine)
     figures = table(args.rows, runs)
