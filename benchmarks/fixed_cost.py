@@ -36,6 +36,7 @@ runs', so that a before/after pair shares the machine's state.
 """
 
 import argparse
+import collections
 import os
 import re
 import shlex
@@ -80,11 +81,11 @@ def run_once(repo: str, flags: list[str], data_dir: str, job_dir: str, cache_dir
     ends: dict[str, float] = {}
     rates: list[float] = []
     autotune_lines = 0
-    tail: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=40)
     batch = None
     for line in proc.stdout:
         now = time.monotonic() - started
-        tail = (tail + [line])[-40:]
+        tail.append(line)
         autotune_lines += AUTOTUNE_LOG in line
         for name, pattern in PHASES:
             if name not in ends and pattern.search(line):

@@ -15,12 +15,12 @@ faster), else fp32. The wall time of every stage is printed at the end.
 
 import os
 import time
-from typing import NoReturn, Optional, Sequence
+from typing import Optional, Sequence
 
 from cifar10_estimator import cli
 from cifar10_estimator.config.settings import TUTORIAL_BATCH
 from cifar10_estimator.data import sample_data
-from cifar10_estimator.errors import UserError, end_process, run_cli
+from cifar10_estimator.errors import UserError, entry_point, run_cli
 from cifar10_estimator.platform.process import prepare_process
 
 
@@ -140,10 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_cli(lambda: _run(argv), MODULE)
 
 
-def command() -> NoReturn:
-    """The process's entry point (the console script, ``python -m``): ``main()``, then the
-    process ends without the interpreter's teardown (``errors.end_process``)."""
-    end_process(main())
+command = entry_point(main)  # the console script's and python -m's
 
 
 if __name__ == "__main__":

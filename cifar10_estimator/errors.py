@@ -88,6 +88,14 @@ def close_event_files(timeout: Optional[float] = None) -> None:
     closer.join(timeout)
 
 
+def entry_point(main: Callable[[], int]) -> Callable[[], NoReturn]:
+    """A command's process entry point (its console script, ``python -m``): ``main()``, then
+    ``end_process`` with its status. ``main`` stays for callers in the same process."""
+    def command() -> NoReturn:
+        end_process(main())
+    return command
+
+
 def end_process(code: int) -> NoReturn:
     """Ends the process now with ``code``, once its output is out, skipping the interpreter's
     teardown: the commands' own entry points (``python -m`` and the console scripts, never a

@@ -10,12 +10,12 @@ their combinations and what the command prints.
 import argparse
 import os
 import time
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 from cifar10_estimator import cli, logs
 from cifar10_estimator.data import archives, sample_data, schema, writer
 from cifar10_estimator.data.sources import load_source
-from cifar10_estimator.errors import UserError, end_process, run_cli
+from cifar10_estimator.errors import UserError, entry_point, run_cli
 from cifar10_estimator.platform.process import prepare_process
 
 MODULE = "cifar10_estimator.generate"
@@ -152,10 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(lambda: _run(argv), MODULE)
 
 
-def command() -> NoReturn:
-    """The process's entry point (the console script, ``python -m``): ``main()``, then the
-    process ends without the interpreter's teardown (``errors.end_process``)."""
-    end_process(main())
+command = entry_point(main)  # the console script's and python -m's
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ is checked before it is loaded (``serving.trust``), unless ``--trust-export``.
 
 import json
 import os
-from typing import NoReturn, Optional, Sequence
+from typing import Optional, Sequence
 
 from cifar10_estimator import cli, logs
-from cifar10_estimator.errors import UserError, end_process, run_cli
+from cifar10_estimator.errors import UserError, entry_point, run_cli
 from cifar10_estimator.platform.process import prepare_process
 from cifar10_estimator.serving.trust import TRUST_FLAG, TRUST_HELP
 
@@ -61,10 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_cli(lambda: _run(argv), MODULE)
 
 
-def command() -> NoReturn:
-    """The process's entry point (the console script, ``python -m``): ``main()``, then the
-    process ends without the interpreter's teardown (``errors.end_process``)."""
-    end_process(main())
+command = entry_point(main)  # the console script's and python -m's
 
 
 if __name__ == "__main__":

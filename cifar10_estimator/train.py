@@ -25,10 +25,10 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Mapping, NoReturn, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from cifar10_estimator import logs, storage
-from cifar10_estimator.errors import end_process, run_cli
+from cifar10_estimator.errors import entry_point, run_cli
 from cifar10_estimator.config import checks, engines, flags, overlays
 from cifar10_estimator.config.fields import flag
 from cifar10_estimator.distributed import hypertune, tf_config
@@ -184,10 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_cli(train_only, flags.MODULE)
 
 
-def command() -> NoReturn:
-    """The process's entry point (the console script, ``python -m``): ``main()``, then the
-    process ends without the interpreter's teardown (``errors.end_process``)."""
-    end_process(main())
+command = entry_point(main)  # the console script's and python -m's
 
 
 if __name__ == "__main__":
