@@ -161,7 +161,7 @@ CANDIDATES = {
     "airbench-opt": ["--lr-schedule", "triangular", "--momentum", "0.85", "--nesterov", "true",
                      "--train-batch-size", "1024"],
     # airbench-opt keeps the recipe's peak, 0.4 at batch 128, which the rate's linear scaling
-    # makes 3.2 at 1024: it did not train (62.96 % on 40,000 pictures, docs/performance.md,
+    # makes 3.2 at 1024: it did not train (63 and 77 % on 40,000 pictures, docs/performance.md,
     # "The sixth round"). airbench's own peak: main2_dirac.py's lr of 10 per 1024 examples,
     # divided by 1024 x (1 + 1 / (1 - 0.85)) and applied to the summed loss of a batch of 1024,
     # is 10 / 7.667 = 1.30 on the mean loss at 1024, which is 0.163 at batch 128
