@@ -173,7 +173,7 @@ class ModelParams:
     dirac_init: bool = setting(
         False, "start every convolution after the stem with its first filters as the identity "
                "(airbench's dirac initialisation, Jordan 2024) (true/false)",
-        group="model", record=True, models=(RESNET,))
+        group="model", record=True, models=(RESNET,), recipe=True)
     label_smoothing: float = setting(
         0.0, "label smoothing of the training loss, in [0, 1): the target puts 1 - e on the "
              "true class and e spread over all classes (Szegedy et al. 2016); 0 is off",
