@@ -45,6 +45,10 @@ next run. ``--per-class`` takes the first N training pictures of each class (1,0
 pictures of each class instead of the test pictures, and trains on at most the 5,000 before
 them: the split to choose values on; ``--split test`` (the default) is for reporting.
 
+Each run's job dir and log are kept in ``--work-dir``'s ``runs/KEY/ROW/seed-N``, where KEY names
+the pictures (size and split), the depth and the lengths (``runs_key``): an invocation on
+other pictures or settings starts its own runs beside them.
+
 ``--report`` runs nothing: it prints the table of the runs of ``--rows`` and ``--seeds`` that
 earlier invocations left in ``--work-dir`` (their logs), for a planned round whose seeds ran in
 several sessions or whose launch stopped; a run missing or unfinished is named. Its machine line
@@ -373,9 +377,20 @@ def run_env(row: Row) -> dict:
     return env
 
 
+def runs_key(args, data_dir: str) -> str:
+    """The folder, under the work dir's ``runs``, of the runs of one set of pictures and
+    settings: a row of another split, size, depth or length never replaces a run of this one
+    (nor does --report read it)."""
+    key = f"{os.path.basename(data_dir)}-resnet{args.depth}-epochs{args.epochs}"
+    if args.fast_epochs is not None:
+        key += f"-fast{args.fast_epochs:g}"
+    return key + ("-every-epoch" if args.every_epoch else "")
+
+
 def make_run(row: Row, seed: int, args, data_dir: str, train_records: int) -> Run:
     """The command of one run of ``row``."""
-    folder = os.path.join(args.work_dir, "runs", row.spec.replace("@", "-at-"), f"seed-{seed}")
+    folder = os.path.join(args.work_dir, "runs", runs_key(args, data_dir),
+                          row.spec.replace("@", "-at-"), f"seed-{seed}")
     if not args.report:
         shutil.rmtree(folder, ignore_errors=True)  # a fresh job folder: no resuming
     log = os.path.join(folder, "log.txt")
