@@ -172,7 +172,8 @@ CANDIDATES = {
     # (fast+airbench-opt+airbench-rate).
     "airbench-rate": ["--learning-rate", "0.163"],
     # Run lengths, in place of the recipe's own (or --fast-epochs).
-    **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"] for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 10)},
+    **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"]
+       for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 10)},
 }
 # Suspects of the paper recipe's gap to Keras, each changed alone in our trainer.
 SUSPECTS = {

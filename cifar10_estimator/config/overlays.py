@@ -91,8 +91,8 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         # airbench's identity initialisation of the convolutions after the first (Jordan 2024,
         # airbench_ablations/main2_dirac.py): +0.17 points over the recipe's validation median
         # at 40,000 Fashion-MNIST pictures, the most of the sixth round's levers; its
-        # triangular schedule (+0.08 alone) is left out, since with it the pair ended no
-        # higher than the recipe (docs/performance.md, "The sixth round").
+        # triangular schedule (+0.08 alone) is left out, since with it the pair ended under
+        # the identity start alone (docs/performance.md, "The sixth round").
         "dirac_init": True,
     },
 }
