@@ -96,8 +96,8 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         "dirac_init": True,
     },
 }
-# A recipe's own run length, in epochs, for a training file of N records, where neither --train-
-# epochs nor --train-steps is given: through points (N, epochs) measured with
+# A recipe's own run length, in epochs, for a training file of N records, where neither
+# --train-epochs nor --train-steps is given: through points (N, epochs) measured with
 # benchmarks/convergence.py on a validation split, straight in log N between them and flat beyond
 # them. 40,000: the shortest run, in half epochs, whose median accuracy over 3 seeds reached the
 # fair baseline's (He et al.'s proportions, 15 epochs) on Fashion-MNIST; 4.4 epochs ended 0.10
