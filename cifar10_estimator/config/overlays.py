@@ -101,11 +101,10 @@ RECIPES: dict[str, Mapping[str, Any]] = {
 # benchmarks/convergence.py on a validation split, straight in log N between them and flat beyond
 # them. 40,000: the shortest run, in half epochs, whose median accuracy over 3 seeds reached the
 # fair baseline's (He et al.'s proportions, 15 epochs) on Fashion-MNIST; 4.4 epochs ended 0.10
-# points under it. On the test split 5 epochs took 0.35 of the baseline's time with oneDNN capped
-# at AVX2 and 0.38 in bf16 (Zen 4): past a third, and kept (docs/performance.md, "The sixth
-# round"). 10,000: 4 epochs, which reached the tutorial-proportioned paper recipe's median (the
-# third round); against the fair baseline 4 ended 0.58 points under it and no longer run was
-# measured (the fifth round).
+# points under it. It takes more than a third of the baseline's time, and is kept:
+# docs/performance.md, "The sixth round", has by how much. 10,000: 4 epochs, which reached the
+# tutorial-proportioned paper recipe's median (the third round); against the fair baseline 4 ended
+# 0.58 points under it and no longer run was measured (the fifth round).
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
     "fast": ((10_000, 4.0), (40_000, 5.0)),
 }
