@@ -19,7 +19,7 @@ drifting machine affects them alike; each in its own process):
 - ``fast+NAME[+NAME...]``: the fast recipe with candidate changes (``CANDIDATES``: warm-up,
   weight averaging, no label smoothing, the peak rate, test-time mirroring, the batch, the run
   length, the whitening layer, batch-norm rates, Lookahead, alternating flips, multi-crop
-  test-time views; the candidates' flags come last, in order, and win).
+  test-time views, progressive resizing; the candidates' flags come last, in order, and win).
 - ``paper+NAME``: the paper recipe with one suspect of its gap to Keras changed
   (``SUSPECTS``).
 - ``keras``: our ResNet built in Keras (``keras_resnet.build_resnet``) with the paper recipe:
@@ -171,6 +171,10 @@ CANDIDATES = {
     # is 10 / 7.667 = 1.30 on the mean loss at 1024, which is 0.163 at batch 128
     # (fast+airbench-opt+airbench-rate).
     "airbench-rate": ["--learning-rate", "0.163"],
+    # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986): the first E epochs on
+    # pictures scaled down to 24 pixels a side, where a step costs about 0.7 of a full-size
+    # one with oneDNN at AVX2 (docs/performance.md, "The sixth round").
+    **{f"low-res-{e:g}": ["--low-res-epochs", f"{e:g}"] for e in (1, 2, 2.5, 3)},
     # Run lengths, in place of the recipe's own (or --fast-epochs).
     **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"]
        for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 10)},

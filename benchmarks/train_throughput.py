@@ -22,6 +22,8 @@ and each trainer's ratio is taken against the peers of its own release.
     python benchmarks/train_throughput.py --depths 20,44 --runs 3
     python benchmarks/train_throughput.py --torch-python /tmp/torch-venv/bin/python
     python benchmarks/train_throughput.py --depths 20 --pythons TF215/bin/python,TF221/bin/python
+    python benchmarks/train_throughput.py --depths 20 --no-keras --precisions fp32 \
+        --extra '--recipe fast' --variants 'base=;xla=--xla'
 
 For the PyTorch peer: ``python3.11 -m venv /tmp/torch-venv && /tmp/torch-venv/bin/pip install
 torch==2.13.0 numpy`` (that exact pin takes the CPU wheel; an unpinned torch pulls GBs of CUDA).
@@ -92,6 +94,11 @@ def main() -> None:
     parser.add_argument("--no-keras", action="store_true", help="leave out the Keras peer")
     parser.add_argument("--torch-python", help="a Python with torch 2.13 for the PyTorch peer")
     parser.add_argument("--extra", default="", help="more trainer flags, e.g. '--xla'")
+    parser.add_argument("--variants", default="",
+                        help="settings of ours to compare side by side, each NAME=FLAGS, "
+                             "separated by ';', e.g. 'base=;inter-1=--num-inter-threads 1': "
+                             "each runs (after --extra) in the same alternating loop")
+    parser.add_argument("--data-dir", help="TFRecords to train on (default: the sample data's)")
     parser.add_argument("--pythons", default=sys.executable,
                         help="comma-separated interpreters, each with the package and a "
                              "TensorFlow release: ours and the Keras peer run under each")
@@ -102,15 +109,18 @@ def main() -> None:
               for python in pythons}
 
     work = tempfile.mkdtemp(prefix="c10bench.")
-    data_dir = make_sample_records(work)
+    data_dir = args.data_dir or make_sample_records(work)
+    variants = dict(v.split("=", 1) for v in args.variants.split(";") if v) or {"": ""}
     rows = []
     for depth in map(int, args.depths.split(",")):
         contenders = {}
         for python, label in labels.items():
             for p in args.precisions.split(","):
-                contenders[f"{label}cifar10_estimator {p}"] = lambda p=p, py=python: ours(
-                    data_dir, work, depth, args.steps, ["--precision", p, *args.extra.split()],
-                    py)
+                for variant, flags in variants.items():
+                    name = f"{label}cifar10_estimator{' ' + variant if variant else ''} {p}"
+                    contenders[name] = lambda p=p, py=python, f=flags: ours(
+                        data_dir, work, depth, args.steps,
+                        ["--precision", p, *args.extra.split(), *f.split()], py)
         for p in args.precisions.split(","):
             if p == "auto":
                 continue  # peers have no auto
@@ -149,9 +159,9 @@ def main() -> None:
     print(f"\n{'model':<10} {'trainer':<38} {'median':>8} {'min':>7} {'max':>7} {'vs best peer':>12}")
     for model, name, median, lo, hi, ratio in rows:
         print(f"{model:<10} {name:<38} {median:>8.0f} {lo:>7.0f} {hi:>7.0f} {ratio:>12}")
-    print(f"(images/s, batch 128, {args.runs} alternating runs, machine: {os.cpu_count()} cores; "
-          f"'vs best peer': against the fastest peer at the same precision; for auto: against "
-          f"the faster of our fp32 and bf16)")
+    print(f"(images/s, batch 128 unless the flags say otherwise, {args.runs} alternating runs, "
+          f"machine: {os.cpu_count()} cores; 'vs best peer': against the fastest peer at the "
+          f"same precision; for auto: against the faster of our fp32 and bf16)")
     for (python, depth), picks in auto_picks.items():
         print(f"ResNet-{depth} {labels[python]}auto picked, run by run: {'; '.join(picks)}")
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from cifar10_estimator.config import flags, overlays, plan
 from cifar10_estimator.config.settings import ModelParams
-from cifar10_estimator.data import pipeline
+from cifar10_estimator.data import pipeline, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import lookahead, model_fn, networks, schedules, whitening
 from trainer_fixtures import run_module, trainer_args, write_records
@@ -253,7 +253,10 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     # The tutorial's piecewise schedule: a resumed run may train longer (not so under he).
+    # Progressive resizing: the 6 steps of the first run at 16 pixels (half of 12 steps an
+    # epoch), the resumed ones at full size.
     levers = ["--lr-schedule", "piecewise", "--whitening-patch", "2",
+              "--low-res-epochs", "0.5", "--low-res-size", "16",
               "--batch-norm-lr-multiplier", "4",
               "--lookahead-steps", "3", "--alternating-flips", "true", "--test-time-shift", "1",
               "--test-time-mirror", "true", "--eval-throttle-secs", "100000"]
@@ -288,6 +291,46 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
     assert accuracy, evaluated.stdout
     shown = float(accuracy.group(1))
     assert shown == pytest.approx(float(final.group(1)) * (100 if shown > 1 else 1), abs=0.02)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progressive resizing
+
+
+def test_training_pictures_are_scaled_down_until_the_low_res_steps_end():
+    settings = model_fn.ModelSettings(params=ModelParams(low_res_epochs=1, low_res_size=20),
+                                      low_res_steps=3)
+    pictures = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype(np.float32)
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        sized = model_fn._sized_for_step(tf.constant(pictures), settings)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            early = session.run(sized)
+            session.run(step.assign(2))
+            last_low = session.run(sized)
+            session.run(step.assign(3))
+            full = session.run(sized)
+    assert early.shape == last_low.shape == (2, 20, 20, 3)
+    # A scale-down keeps the picture: its mean brightness, not a crop of it.
+    np.testing.assert_allclose(early.mean(axis=(1, 2)), pictures.mean(axis=(1, 2)), rtol=0.02)
+    np.testing.assert_array_equal(full, pictures)
+
+
+def test_the_low_res_steps_are_the_epochs_in_the_plans_steps():
+    from cifar10_estimator.config.plan import resolve
+    from cifar10_estimator.config.role import Role
+    config, _ = flags.parse(["--low-res-epochs", "1.5", "--train-batch-size", "8"] + PATHS)
+    settings = model_fn.ModelSettings.of(resolve(
+        config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES, train_records=96,
+        precision="fp32"))
+    assert settings.low_res_steps == 18  # 1.5 epochs of 96 / 8 = 12 steps
+
+
+def test_low_res_epochs_that_cover_the_whole_run_are_refused():
+    from cifar10_estimator.config import checks
+    with pytest.raises(UserError, match="--low-res-epochs 4 covers all 4 --train-epochs"):
+        checks.validate(flags.parse(["--train-epochs", "4", "--low-res-epochs", "4"] + PATHS)[0])
 
 
 def test_dirac_init_makes_the_first_filters_of_every_convolution_after_the_stem_the_identity():

@@ -52,6 +52,8 @@ class ModelSettings:
     class_names: Sequence[str] = schema.CLASS_NAMES
     # The records folder whose training pictures give the whitening filters (training only).
     data_dir: Optional[str] = None
+    # Global steps that train on pictures scaled down to params.low_res_size (--low-res-epochs).
+    low_res_steps: int = 0
 
     @classmethod
     def of(cls, plan: Plan, compute_dtype: Optional[str] = None) -> "ModelSettings":
@@ -61,7 +63,8 @@ class ModelSettings:
                    schedule=plan.schedule, devices=plan.devices,
                    num_workers=plan.role.num_trainers, is_chief=plan.role.is_chief,
                    compute_dtype=compute_dtype or plan.compute_dtype,
-                   class_names=plan.class_names, data_dir=plan.config.data_dir)
+                   class_names=plan.class_names, data_dir=plan.config.data_dir,
+                   low_res_steps=int(plan.config.low_res_epochs * plan.steps_per_epoch))
 
     @property
     def num_classes(self) -> int:
@@ -92,6 +95,25 @@ def _whitening_sample(s: ModelSettings):
             whitening.SAMPLE_PICTURES).get_single_element()
 
     return sample
+
+
+def _sized_for_step(images, s: ModelSettings):
+    """Training's pictures at the size of the current step: scaled down to ``low_res_size``
+    for the first ``low_res_steps`` global steps (progressive resizing), full size after.
+
+    The size follows the global step, as the learning rate does, so a resumed run picks up
+    where it stopped. The network is convolutional up to its global average pool, so one set
+    of weights serves both sizes; the last steps, precise batch norm and evaluation all see
+    full-size pictures.
+    """
+    if not s.low_res_steps:
+        return images
+    size = s.params.low_res_size
+    step = tf.compat.v1.train.get_or_create_global_step()
+    # Antialiased: a plain bilinear scale-down by 3/4 skips pixels and aliases thin edges.
+    return tf.cond(step < s.low_res_steps,
+                   lambda: tf.image.resize(images, [size, size], antialias=True),
+                   lambda: images)
 
 
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
@@ -286,6 +308,8 @@ def make_model_fn(s: ModelSettings):
     @tf.autograph.experimental.do_not_convert
     def build(features, labels, mode):
         images = features["image"] if isinstance(features, dict) else features
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            images = _sized_for_step(images, s)
         built = _build_towers(images, labels, mode, s)
         with tf.compat.v1.device("" if _replicas() else towers.consolidation_device(
                 s.params.variable_strategy, s.devices)):
