@@ -171,10 +171,12 @@ CANDIDATES = {
     # is 10 / 7.667 = 1.30 on the mean loss at 1024, which is 0.163 at batch 128
     # (fast+airbench-opt+airbench-rate).
     "airbench-rate": ["--learning-rate", "0.163"],
-    # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986): the first E epochs on
-    # pictures scaled down to 24 pixels a side, where a step costs about 0.7 of a full-size
-    # one with oneDNN at AVX2 (docs/performance.md, "The sixth round").
-    **{f"low-res-{e:g}": ["--low-res-epochs", f"{e:g}"] for e in (1, 2, 2.5, 3)},
+    # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986): the first F of the run on
+    # pictures scaled down to 24 pixels a side, where a step costs about 0.62 of a full-size
+    # one with oneDNN at AVX2 (docs/performance.md, "The sixth round"). The round's rows ran
+    # as low-res-E, the first E epochs, with the flag's first form (--low-res-epochs, commit
+    # ac5f5c6): low-res-1 and low-res-2 of 5 epochs are 0.2 and 0.4, low-res-3 of 5.5 is 0.545.
+    **{f"low-res-{f:g}": ["--low-res-fraction", f"{f:g}"] for f in (0.2, 0.4, 0.5, 0.545)},
     # Run lengths, in place of the recipe's own (or --fast-epochs).
     **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"]
        for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 10)},

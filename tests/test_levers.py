@@ -253,10 +253,10 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
     data_dir, _ = tiny_records
     job_dir = str(tmp_path / "job")
     # The tutorial's piecewise schedule: a resumed run may train longer (not so under he).
-    # Progressive resizing: the 6 steps of the first run at 16 pixels (half of 12 steps an
-    # epoch), the resumed ones at full size.
+    # Progressive resizing: the first run's first 4 steps at 16 pixels (0.7 of its 6), its
+    # last 2 and the resumed run's at full size.
     levers = ["--lr-schedule", "piecewise", "--whitening-patch", "2",
-              "--low-res-epochs", "0.5", "--low-res-size", "16",
+              "--low-res-fraction", "0.7", "--low-res-size", "16",
               "--batch-norm-lr-multiplier", "4",
               "--lookahead-steps", "3", "--alternating-flips", "true", "--test-time-shift", "1",
               "--test-time-mirror", "true", "--eval-throttle-secs", "100000"]
@@ -298,7 +298,7 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
 
 
 def test_training_pictures_are_scaled_down_until_the_low_res_steps_end():
-    settings = model_fn.ModelSettings(params=ModelParams(low_res_epochs=1, low_res_size=20),
+    settings = model_fn.ModelSettings(params=ModelParams(low_res_fraction=0.5, low_res_size=20),
                                       low_res_steps=3)
     pictures = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype(np.float32)
     with tf.Graph().as_default():
@@ -317,20 +317,21 @@ def test_training_pictures_are_scaled_down_until_the_low_res_steps_end():
     np.testing.assert_array_equal(full, pictures)
 
 
-def test_the_low_res_steps_are_the_epochs_in_the_plans_steps():
+def test_the_low_res_steps_are_the_fraction_of_the_plans_steps():
     from cifar10_estimator.config.plan import resolve
     from cifar10_estimator.config.role import Role
-    config, _ = flags.parse(["--low-res-epochs", "1.5", "--train-batch-size", "8"] + PATHS)
+    config, _ = flags.parse(["--low-res-fraction", "0.375", "--train-epochs", "4",
+                             "--train-batch-size", "8"] + PATHS)
     settings = model_fn.ModelSettings.of(resolve(
         config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES, train_records=96,
         precision="fp32"))
-    assert settings.low_res_steps == 18  # 1.5 epochs of 96 / 8 = 12 steps
+    assert settings.low_res_steps == 18  # 0.375 of 4 epochs of 96 / 8 = 12 steps
 
 
-def test_low_res_epochs_that_cover_the_whole_run_are_refused():
+def test_a_low_res_fraction_of_the_whole_run_is_refused():
     from cifar10_estimator.config import checks
-    with pytest.raises(UserError, match="--low-res-epochs 4 covers all 4 --train-epochs"):
-        checks.validate(flags.parse(["--train-epochs", "4", "--low-res-epochs", "4"] + PATHS)[0])
+    with pytest.raises(UserError, match="--low-res-fraction must be in \\[0, 1\\)"):
+        checks.validate(flags.parse(["--low-res-fraction", "1"] + PATHS)[0])
 
 
 def test_dirac_init_makes_the_first_filters_of_every_convolution_after_the_stem_the_identity():

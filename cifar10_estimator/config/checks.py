@@ -51,10 +51,6 @@ def _check_schedule(config: TrainConfig) -> None:
                         f"{shown(config.train_epochs)} --train-epochs for the {config.lr_schedule} "
                         f"schedule; use fewer warm-up epochs")
 
-    if config.train_epochs is not None and config.low_res_epochs >= config.train_epochs:
-        raise UserError(f"--low-res-epochs {shown(config.low_res_epochs)} covers all "
-                        f"{shown(config.train_epochs)} --train-epochs: the last epochs must "
-                        f"train at the size evaluation and serving see; use fewer")
 
 def _check_model(config: TrainConfig) -> None:
     if config.zero_init_residual and config.resnet_version != 1:

@@ -52,7 +52,8 @@ class ModelSettings:
     class_names: Sequence[str] = schema.CLASS_NAMES
     # The records folder whose training pictures give the whitening filters (training only).
     data_dir: Optional[str] = None
-    # Global steps that train on pictures scaled down to params.low_res_size (--low-res-epochs).
+    # Global steps that train on pictures scaled down to params.low_res_size (--low-res-fraction
+    # of the run's).
     low_res_steps: int = 0
 
     @classmethod
@@ -64,7 +65,7 @@ class ModelSettings:
                    num_workers=plan.role.num_trainers, is_chief=plan.role.is_chief,
                    compute_dtype=compute_dtype or plan.compute_dtype,
                    class_names=plan.class_names, data_dir=plan.config.data_dir,
-                   low_res_steps=int(plan.config.low_res_epochs * plan.steps_per_epoch))
+                   low_res_steps=int(plan.config.low_res_fraction * plan.train_steps))
 
     @property
     def num_classes(self) -> int:
