@@ -44,6 +44,10 @@ next run. ``--per-class`` takes the first N training pictures of each class (1,0
 10,000-picture training set). ``--split validation`` evaluates on the last 1,000 training
 pictures of each class instead of the test pictures, and trains on at most the 5,000 before
 them: the split to choose values on; ``--split test`` (the default) is for reporting.
+``--split holdout`` (``--per-class`` at most 4,000) evaluates on the 1,000 training pictures of
+each class after the first ``--per-class``: pictures that neither the validation runs choose on
+nor the test split's readings have seen, to read a choice once more after the test split has
+been read many times.
 
 Each run's job dir and log are kept in ``--work-dir``'s ``runs/KEY/ROW/seed-N``, where KEY names
 the pictures (size and split), the depth and the lengths (``runs_key``): an invocation on
@@ -52,7 +56,10 @@ other pictures or settings starts its own runs beside them.
 ``--report`` runs nothing: it prints the table of the runs of ``--rows`` and ``--seeds`` that
 earlier invocations left in ``--work-dir`` (their logs), for a planned round whose seeds ran in
 several sessions or whose launch stopped; a run missing or unfinished is named. Its machine line
-is the machine it runs on; the runs' own are at the top of their logs.
+is the machine it runs on; the runs' own are at the top of their logs. ``--reread SPLIT`` is
+``--report`` with each run's final checkpoint evaluated once more, by the package's evaluate
+command, on SPLIT's pictures (kept as ``reread-SPLIT.json`` in the run's folder): runs of the
+test split read on the holdout, whose training file is the same bytes, without training again.
 
 Printed: the machine, a line per run as it ends, then one table: per row the median final
 accuracy with its lowest and highest over the seeds, the median epochs and wall minutes, and the
@@ -63,6 +70,7 @@ oneDNN setting.
         --rows fast,fast+no-smoothing,fast+ema,fast+peak-0.3,fast+cosine-warmup,fast+mirror
     python benchmarks/convergence.py --per-class 1000 \\
         --rows paper,keras,fast,paper@AVX2,fast@AVX2 --json /tmp/convergence.json
+    python benchmarks/convergence.py --per-class 4000 --rows he,fast --reread holdout
     python benchmarks/convergence.py --per-class 30 --depth 8 --epochs 1 --fast-epochs 1 \\
         --seeds 1 --work-dir /tmp/convergence-try           # a quick try of the plumbing
 
@@ -73,6 +81,7 @@ On the full training set (no ``--per-class``) a paper or Keras run of ResNet-20 
 import argparse
 import collections
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -176,10 +185,15 @@ CANDIDATES = {
     # one with oneDNN at AVX2 (docs/performance.md, "The sixth round"). The round's rows ran
     # as low-res-E, the first E epochs, with the flag's first form (--low-res-epochs, commit
     # ac5f5c6): low-res-1 and low-res-2 of 5 epochs are 0.2 and 0.4, low-res-3 of 5.5 is 0.545.
-    **{f"low-res-{f:g}": ["--low-res-fraction", f"{f:g}"] for f in (0.2, 0.4, 0.5, 0.545)},
+    # The seventh session's rows: 4 of 6 epochs (0.667), 5 of 7 (0.714), 7 of 9 (0.778), the
+    # longer ones at smaller sizes (size-N: --low-res-size), whose step speeds at AVX2 are in
+    # docs/performance.md, "The seventh session".
+    **{f"low-res-{f:g}": ["--low-res-fraction", f"{f:g}"]
+       for f in (0.2, 0.4, 0.5, 0.545, 0.667, 0.714, 0.778)},
+    **{f"size-{s}": ["--low-res-size", str(s)] for s in (16, 20)},
     # Run lengths, in place of the recipe's own (or --fast-epochs).
     **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"]
-       for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 10)},
+       for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 9, 10)},
 }
 # Suspects of the paper recipe's gap to Keras, each changed alone in our trainer.
 SUSPECTS = {
@@ -296,7 +310,7 @@ def prepare_data(work_dir: str, per_class: Optional[int], split: str) -> str:
     started = time.monotonic()
     # Made in a temporary folder and renamed, so an interrupted run leaves no half cache.
     with storage.atomic_dir(data_dir) as tmp:
-        fashion_mnist.make_records(tmp, per_class, None, validation=split == "validation")
+        fashion_mnist.make_records(tmp, per_class, None, split=split)
     print(f"data: {data_dir} (generated in {time.monotonic() - started:.0f} s)", flush=True)
     return data_dir
 
@@ -374,6 +388,44 @@ def read_logged(run: Run) -> Run:
                         f"(its log: {run.log}); run that row and seed again")
     run.minutes = float(lines[-1].lstrip().partition(" ")[0]) / 60
     return run
+
+
+def reread(run: Run, row: Row, data_dir: str, split: str) -> Run:
+    """``run`` (finished, as ``read_logged`` tells it) with its final accuracy read again: its
+    job dir's last checkpoint evaluated once on ``data_dir``'s eval file (``split``'s pictures)
+    by the package's evaluate command, under the row's oneDNN setting. The report is kept in the
+    run's folder, so a second --reread reads it instead of evaluating again."""
+    folder = os.path.dirname(run.log)
+    report = os.path.join(folder, f"reread-{split}.json")
+    if not os.path.isfile(report):
+        command = [sys.executable, "-m", "cifar10_estimator.evaluate",
+                   os.path.join(folder, "job"), "--data-dir", data_dir, "--report", report]
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                              env=run_env(row), stdin=subprocess.DEVNULL)
+        if proc.returncode:
+            sys.stderr.write((proc.stdout + proc.stderr)[-FAILED_OUTPUT_CHARS:])
+            raise SystemExit(f"--reread: evaluating the {run.name} run (seed {run.seed}) on "
+                             f"{data_dir} failed: {' '.join(command)}")
+    with open(report) as f:
+        body = json.load(f)
+    if body["global_step"] != run.final.step:
+        raise UserError(f"--reread: {report} is of step {body['global_step']}, the run ended at "
+                        f"{run.final.step}; remove it and reread")
+    run.evaluations[-1] = dataclasses.replace(run.final, accuracy=body["accuracy"])
+    print(f"  {run.name}, seed {run.seed}: {100 * run.final.accuracy:.2f} % on {split} "
+          f"(report: {report})", flush=True)
+    return run
+
+
+def same_training_pictures(data_dir: str, other: str) -> None:
+    """Exits with one line unless the two records folders' training files are the same bytes:
+    a reread reads models trained on ``data_dir``'s pictures on ``other``'s eval pictures."""
+    def digest(folder: str) -> str:
+        with open(os.path.join(folder, "train.tfrecords"), "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    if digest(data_dir) != digest(other):
+        raise UserError(f"--reread: {other}'s train.tfrecords differs from {data_dir}'s: its "
+                        f"runs trained on other pictures; train them on --split's pictures")
 
 
 def run_env(row: Row) -> dict:
@@ -540,9 +592,10 @@ def parse_args(argv=None):
                         help="the rows, comma-separated (default paper,keras,fast,paper@AVX2,"
                              "fast@AVX2); see the module's help")
     parser.add_argument("--seeds", default="1,2,3", help="seeds, comma-separated (default 1,2,3)")
-    parser.add_argument("--split", default="test", choices=("test", "validation"),
-                        help="evaluate on the test pictures (default) or on held-out training "
-                             "pictures, for choosing")
+    parser.add_argument("--split", default="test", choices=fashion_mnist.EVAL_SPLITS,
+                        help="evaluate on the test pictures (default), on the last training "
+                             "pictures of each class, for choosing (validation), or on training "
+                             "pictures after --per-class's that nothing chose on (holdout)")
     parser.add_argument("--epochs", type=int, default=15,
                         help="epochs of the paper, Keras and tutorial runs (default 15)")
     parser.add_argument("--fast-epochs", type=float, default=None,
@@ -560,6 +613,10 @@ def parse_args(argv=None):
                         help="run nothing: the table of the runs of these rows and seeds that "
                              "earlier invocations left in --work-dir (a round whose seeds ran "
                              "in several sessions)")
+    parser.add_argument("--reread", choices=fashion_mnist.EVAL_SPLITS, metavar="SPLIT",
+                        help="run nothing: as --report, with each run's final checkpoint "
+                             "evaluated once more on SPLIT's pictures (the runs of --split, "
+                             "which must have trained on the same pictures)")
     # The Keras run's own process (train_keras).
     parser.add_argument("--_keras-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
@@ -578,6 +635,19 @@ def parse_args(argv=None):
         parser.error("--epochs must be 1 or more and --fast-epochs above 0")
     if args.per_class is not None and args.per_class < 1:
         parser.error("--per-class must be 1 or more")
+    if "holdout" in (args.split, args.reread) and (
+            args.per_class is None or args.per_class > fashion_mnist.MAX_HOLDOUT_PER_CLASS):
+        parser.error(f"--split/--reread holdout: --per-class at most "
+                     f"{fashion_mnist.MAX_HOLDOUT_PER_CLASS}, so that "
+                     f"{fashion_mnist.HELD_OUT:,} pictures of each class are left before the "
+                     f"validation split's")
+    if args.reread:
+        if args.reread == args.split:
+            parser.error(f"--reread {args.reread}: the runs of --split {args.split} were "
+                         f"evaluated there already; name another split")
+        if any(row.base == "keras" for row in args.rows):
+            parser.error("--reread: keras rows keep no job dir to evaluate; leave them out")
+        args.report = True
     keras_resnet.expected_params(args.depth)  # UserError naming --depth unless it is 6n+2
     args.work_dir = os.path.abspath(args.work_dir)
     return args
@@ -597,17 +667,31 @@ def main(argv=None) -> int:
           f"pictures; ResNet-{args.depth}; seeds {args.seeds}; paper schedule: drops at epochs "
           f"{scaled_boundaries(args.epochs)} (the defaults x {args.epochs} / "
           f"{DEFAULT_RUN_EPOCHS:.1f})", flush=True)
+    reread_dir = None
+    if args.reread:
+        reread_dir = prepare_data(args.work_dir, args.per_class, args.reread)
+        same_training_pictures(data_dir, reread_dir)
+        eval_records = metadata.split_size(reread_dir, "eval")
+        print(f"reread: each run's final checkpoint on {eval_records:,} {args.reread} pictures",
+              flush=True)
     runs: dict[str, list[Run]] = {row.spec: [] for row in args.rows}
     for seed in args.seeds:
         for row in args.rows:
             run = make_run(row, seed, args, data_dir, train_records)
-            runs[row.spec].append(read_logged(run) if args.report else run_logged(run))
+            if args.report:
+                run = read_logged(run)
+                if reread_dir:
+                    run = reread(run, row, reread_dir, args.reread)
+            else:
+                run = run_logged(run)
+            runs[row.spec].append(run)
     print()
     print(machine)
     figures = table(args.rows, runs)
     if args.json:
-        body = {"machine": machine, "data": {"dir": data_dir, "train": train_records,
-                                             args.split: eval_records},
+        body = {"machine": machine, "data": {"dir": reread_dir or data_dir,
+                                             "train": train_records,
+                                             args.reread or args.split: eval_records},
                 "settings": {k: v for k, v in vars(args).items() if k != "rows"},
                 "table": figures,
                 "runs": {spec: [dataclasses.asdict(r) for r in done]

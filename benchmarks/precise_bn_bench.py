@@ -54,49 +54,68 @@ def check_source() -> None:
 
 
 # Training pictures per class in Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747); a
-# validation split holds out the last HELD_OUT of each class.
+# validation split holds out the last HELD_OUT of each class, a holdout split the HELD_OUT after
+# the first per_class (so it needs per_class + 2 x HELD_OUT <= TRAIN_PER_CLASS).
 TRAIN_PER_CLASS = 6_000
 HELD_OUT = 1_000
+MAX_HOLDOUT_PER_CLASS = TRAIN_PER_CLASS - 2 * HELD_OUT
+# What the eval folder holds: the test pictures, the last training pictures of each class (for
+# choosing), or training pictures neither of those runs trains or chooses on (for reading once).
+EVAL_SPLITS = ("test", "validation", "holdout")
+
+
+def eval_indices(labels: np.ndarray, label: int, per_class: int | None, split: str) -> np.ndarray:
+    """The training-file indices of ``label``'s pictures in the eval folder of ``split``
+    (validation or holdout)."""
+    indices = np.flatnonzero(labels == label)
+    if split == "validation":
+        return indices[-HELD_OUT:]
+    assert per_class is not None and per_class <= MAX_HOLDOUT_PER_CLASS, per_class
+    return indices[per_class:per_class + HELD_OUT]
 
 
 def write_image_folder(root: str, per_class: int | None, test_per_class: int | None,
-                       validation: bool = False) -> None:
+                       split: str = "test") -> None:
     """Writes ``root/train/<class>/*.png`` and ``root/test/<class>/*.png``: the first
     ``per_class`` training and ``test_per_class`` test pictures of each class (None: all).
-    With ``validation`` the test folder gets the last ``HELD_OUT`` training pictures of each
-    class instead, and the training folder at most the ones before them."""
+    With ``split`` validation the test folder gets the last ``HELD_OUT`` training pictures of
+    each class instead, and the training folder at most the ones before them; with holdout, the
+    ``HELD_OUT`` training pictures after the first ``per_class``."""
     from PIL import Image
 
     train_count = per_class
-    if validation:
+    if split == "validation":
         train_count = min(per_class or TRAIN_PER_CLASS, TRAIN_PER_CLASS - HELD_OUT)
     images = {prefix: (_idx(f"{prefix}-images-idx3-ubyte.gz"),
                        _idx(f"{prefix}-labels-idx1-ubyte.gz")) for prefix in ("train", "t10k")}
-    for split in ("train", "test"):
+    for folder_split in ("train", "test"):
         for label, name in enumerate(NAMES):
-            if split == "train" or validation:
+            if folder_split == "train":
                 pixels, labels = images["train"]
-                indices = np.flatnonzero(labels == label)
-                indices = indices[:train_count] if split == "train" else indices[-HELD_OUT:]
+                indices = np.flatnonzero(labels == label)[:train_count]
+            elif split != "test":
+                pixels, labels = images["train"]
+                indices = eval_indices(labels, label, per_class, split)
             else:
                 pixels, labels = images["t10k"]
                 indices = np.flatnonzero(labels == label)[:test_per_class]
-            folder = os.path.join(root, split, name)
+            folder = os.path.join(root, folder_split, name)
             os.makedirs(folder)
             for i, index in enumerate(indices):
                 Image.fromarray(pixels[index]).save(os.path.join(folder, f"{i:04d}.png"))
 
 
 def make_records(data_dir: str, per_class: int | None, test_per_class: int | None,
-                 validation: bool = False) -> None:
+                 split: str = "test") -> None:
     """Fashion-MNIST as the package's TFRecords in ``data_dir``: an image folder of PNG files
     (``write_image_folder``, in a temporary folder beside ``data_dir``, removed afterwards)
     converted by ``tools/generate_tfrecords.py``; train = the training pictures, eval = the
-    test pictures (with ``validation``, the held-out training pictures)."""
+    test pictures (with ``split`` validation or holdout, held-out training pictures:
+    ``write_image_folder``)."""
     parent = os.path.dirname(os.path.abspath(data_dir))
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".pictures-") as pictures:
-        write_image_folder(pictures, per_class, test_per_class, validation)
+        write_image_folder(pictures, per_class, test_per_class, split)
         generator = os.path.join(REPO, "tools", "generate_tfrecords.py")
         proc = subprocess.run([sys.executable, generator, "--data-dir", data_dir,
                                "--image-folder", pictures], check=False, capture_output=True,
