@@ -1,9 +1,12 @@
 """The generator end to end: sources, record contents and bytes, atomicity, command line."""
 
+import hashlib
 import io
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,12 +27,14 @@ OUTPUTS = ["train.tfrecords", "validation.tfrecords", "eval.tfrecords"]
 
 
 def reference_example(image: bytes, label: int) -> bytes:
-    """A tf.train.Example built independently of the package, as the original generator did."""
+    """A tf.train.Example built independently of the package, as the original generator did,
+    with its map's entries in key order (the original's order varies by process)."""
     feature = {
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
+        deterministic=True)
 
 
 def read_records(path) -> list[bytes]:
@@ -45,6 +50,23 @@ def quiet_generate(data_dir, output_dir=None, **kwargs):
                                     **kwargs),
         output_dir or data_dir, log=lines.append)
     return counts, lines
+
+
+# A record's bytes as another process writes them (its protobuf map hash seed is its own).
+ENCODE_ELSEWHERE = ("import hashlib; from cifar10_estimator.data import schema; "
+                    "print(hashlib.sha256(schema.encode_example(bytes(range(256)) * 12, 7))"
+                    ".hexdigest())")
+
+
+@pytest.mark.timeout(120)
+def test_records_are_the_same_bytes_in_every_process():
+    # Without deterministic serialization the two map entries come out in either order, by
+    # process: 5 processes agreeing by chance is a 1-in-16 event.
+    procs = [subprocess.Popen([sys.executable, "-c", ENCODE_ELSEWHERE], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for _ in range(4)]
+    digests = {proc.communicate(timeout=100)[0].strip() for proc in procs}
+    digests.add(hashlib.sha256(schema.encode_example(bytes(range(256)) * 12, 7)).hexdigest())
+    assert len(digests) == 1, digests
 
 
 def test_schema_splits_match_the_original():

@@ -74,13 +74,18 @@ def record_path(data_dir: str, split: str) -> str:
 
 
 def encode_example(image: bytes, label: int) -> bytes:
-    """Serializes one image (3,072 CHW bytes) and its label as a ``tf.train.Example``."""
+    """Serializes one image (3,072 CHW bytes) and its label as a ``tf.train.Example``.
+
+    Deterministically: the features are a protobuf map, whose entries the upb runtime writes in
+    an order that changes from process to process (its hash seed), so without it the same
+    pictures would give other bytes, and another sha256 in the metadata, at every conversion.
+    """
     import tensorflow as tf
 
     return tf.train.Example(features=tf.train.Features(feature={
         "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-    })).SerializeToString()
+    })).SerializeToString(deterministic=True)
 
 
 def decode_images(raw: "tf.Tensor") -> "tf.Tensor":
