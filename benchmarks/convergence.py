@@ -100,7 +100,7 @@ from cifar10_estimator import storage
 from cifar10_estimator.config import flags as trainer_flags
 from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
 from cifar10_estimator.config.settings import RESNET, ModelParams, TrainConfig
-from cifar10_estimator.data import metadata
+from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import import_tensorflow_quietly
 from cifar10_estimator.platform import cpu
@@ -417,14 +417,27 @@ def reread(run: Run, row: Row, data_dir: str, split: str) -> Run:
     return run
 
 
+def training_pictures(folder: str) -> str:
+    """A digest of the pictures and labels of ``folder``'s training file, in order: its bytes
+    can differ for the same pictures (generators before 9d97518 wrote a record's features in
+    an order that varied by process)."""
+    import_tensorflow_quietly()
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    for batch in tf.data.TFRecordDataset(schema.record_path(folder, "train")).batch(1000):
+        parsed = tf.io.parse_example(batch, schema.FEATURE_SPEC)
+        digest.update(b"".join(parsed["image"].numpy()))
+        digest.update(parsed["label"].numpy().astype("<i8").tobytes())
+    return digest.hexdigest()
+
+
 def same_training_pictures(data_dir: str, other: str) -> None:
-    """Exits with one line unless the two records folders' training files are the same bytes:
-    a reread reads models trained on ``data_dir``'s pictures on ``other``'s eval pictures."""
-    def digest(folder: str) -> str:
-        with open(os.path.join(folder, "train.tfrecords"), "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    if digest(data_dir) != digest(other):
-        raise UserError(f"--reread: {other}'s train.tfrecords differs from {data_dir}'s: its "
+    """Exits with one line unless the two records folders train on the same pictures in the
+    same order: a reread reads models trained on ``data_dir``'s pictures on ``other``'s eval
+    pictures."""
+    if training_pictures(data_dir) != training_pictures(other):
+        raise UserError(f"--reread: {other}'s training pictures differ from {data_dir}'s: its "
                         f"runs trained on other pictures; train them on --split's pictures")
 
 
