@@ -185,9 +185,9 @@ CANDIDATES = {
     # one with oneDNN at AVX2 (docs/performance.md, "The sixth round"). The round's rows ran
     # as low-res-E, the first E epochs, with the flag's first form (--low-res-epochs, commit
     # ac5f5c6): low-res-1 and low-res-2 of 5 epochs are 0.2 and 0.4, low-res-3 of 5.5 is 0.545.
-    # The seventh session's rows: 4 of 6 epochs (0.667), 5 of 7 (0.714), 7 of 9 (0.778), the
-    # longer ones at smaller sizes (size-N: --low-res-size), whose step speeds at AVX2 are in
-    # docs/performance.md, "The seventh session".
+    # The round's sixth session's rows: 4 of 6 epochs (0.667), 5 of 7 (0.714), 7 of 9 (0.778),
+    # the longer ones at smaller sizes (size-N: --low-res-size), whose step speeds at AVX2 are
+    # in docs/performance.md, "The sixth round".
     **{f"low-res-{f:g}": ["--low-res-fraction", f"{f:g}"]
        for f in (0.2, 0.4, 0.5, 0.545, 0.667, 0.714, 0.778)},
     **{f"size-{s}": ["--low-res-size", str(s)] for s in (16, 20)},
