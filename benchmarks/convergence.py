@@ -187,9 +187,9 @@ CANDIDATES = {
     # ac5f5c6): low-res-1 and low-res-2 of 5 epochs are 0.2 and 0.4, low-res-3 of 5.5 is 0.545.
     # The round's sixth session's rows: 4 of 6 epochs (0.667), 5 of 7 (0.714), 7 of 9 (0.778),
     # the longer ones at smaller sizes (size-N: --low-res-size), whose step speeds at AVX2 are
-    # in docs/performance.md, "The sixth round".
+    # in docs/performance.md, "The sixth round". low-res-0: the recipe all at full size.
     **{f"low-res-{f:g}": ["--low-res-fraction", f"{f:g}"]
-       for f in (0.2, 0.4, 0.5, 0.545, 0.667, 0.714, 0.778)},
+       for f in (0, 0.2, 0.4, 0.5, 0.545, 0.667, 0.714, 0.778)},
     **{f"size-{s}": ["--low-res-size", str(s)] for s in (16, 20)},
     # Run lengths, in place of the recipe's own (or --fast-epochs).
     **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"]
