@@ -56,13 +56,16 @@ other pictures or settings starts its own runs beside them.
 ``--report`` runs nothing: it prints the table of the runs of ``--rows`` and ``--seeds`` that
 earlier invocations left in ``--work-dir`` (their logs), for a planned round whose seeds ran in
 several sessions or whose launch stopped; a run missing or unfinished is named. Its machine line
-is the machine it runs on; the runs' own are at the top of their logs. ``--reread SPLIT`` is
-``--report`` with each run's final checkpoint evaluated once more, by the package's evaluate
-command, on SPLIT's pictures (kept as ``reread-SPLIT.json`` in the run's folder): runs of the
-test split read on the holdout, whose training file is the same bytes, without training again.
+is the machine it runs on; the runs' own are at the top of their logs. ``--reread SPLIT[,...]``
+is ``--report`` with each run's final checkpoint evaluated once more, by the package's evaluate
+command, on each SPLIT's pictures (kept as ``reread-SPLIT.json`` in the run's folder): runs
+that trained on the same pictures read on the other splits without training again, each in a
+column of its own, and in an ``all`` column the accuracy over every split's pictures (a
+median over the seeds of each run's), which a gap narrower than one split's noise needs.
 
 Printed: the machine, a line per run as it ends, then one table: per row the median final
-accuracy with its lowest and highest over the seeds, the median epochs and wall minutes, and the
+accuracy with its lowest and highest over the seeds (with ``--reread``, then the other splits'
+medians and ``all``), the median epochs and wall minutes, and the
 row's median time as a share of the ``he`` row's (else the ``paper`` row's) under the same
 oneDNN setting.
 
@@ -70,7 +73,7 @@ oneDNN setting.
         --rows fast,fast+no-smoothing,fast+ema,fast+peak-0.3,fast+cosine-warmup,fast+mirror
     python benchmarks/convergence.py --per-class 1000 \\
         --rows paper,keras,fast,paper@AVX2,fast@AVX2 --json /tmp/convergence.json
-    python benchmarks/convergence.py --per-class 4000 --rows he,fast --reread holdout
+    python benchmarks/convergence.py --per-class 4000 --rows he,fast --reread validation,holdout
     python benchmarks/convergence.py --per-class 30 --depth 8 --epochs 1 --fast-epochs 1 \\
         --seeds 1 --work-dir /tmp/convergence-try           # a quick try of the plumbing
 
@@ -90,7 +93,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import keras_resnet
 import precise_bn_bench as fashion_mnist
@@ -248,6 +251,13 @@ class Run:
     steps_per_epoch: int
     evaluations: list[Evaluation] = dataclasses.field(default_factory=list)
     minutes: float = 0.0  # the whole process, start to exit
+    # --reread: the final checkpoint's accuracy on other splits: split -> (accuracy, pictures).
+    rereads: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
+
+    def pooled(self, own_pictures: int) -> float:
+        """The final accuracy over the pictures of its own split and of every reread one."""
+        readings = [(self.final.accuracy, own_pictures), *self.rereads.values()]
+        return sum(a * n for a, n in readings) / sum(n for _, n in readings)
 
     @property
     def final(self) -> Evaluation:
@@ -391,8 +401,8 @@ def read_logged(run: Run) -> Run:
 
 
 def reread(run: Run, row: Row, data_dir: str, split: str) -> Run:
-    """``run`` (finished, as ``read_logged`` tells it) with its final accuracy read again: its
-    job dir's last checkpoint evaluated once on ``data_dir``'s eval file (``split``'s pictures)
+    """``run`` (finished, as ``read_logged`` tells it) with its final checkpoint read again
+    (``run.rereads[split]``): evaluated once on ``data_dir``'s eval file (``split``'s pictures)
     by the package's evaluate command, under the row's oneDNN setting. The report is kept in the
     run's folder, so a second --reread reads it instead of evaluating again."""
     folder = os.path.dirname(run.log)
@@ -411,8 +421,8 @@ def reread(run: Run, row: Row, data_dir: str, split: str) -> Run:
     if body["global_step"] != run.final.step:
         raise UserError(f"--reread: {report} is of step {body['global_step']}, the run ended at "
                         f"{run.final.step}; remove it and reread")
-    run.evaluations[-1] = dataclasses.replace(run.final, accuracy=body["accuracy"])
-    print(f"  {run.name}, seed {run.seed}: {100 * run.final.accuracy:.2f} % on {split} "
+    run.rereads[split] = (body["accuracy"], metadata.split_size(data_dir, "eval"))
+    print(f"  {run.name}, seed {run.seed}: {100 * body['accuracy']:.2f} % on {split} "
           f"(report: {report})", flush=True)
     return run
 
@@ -571,15 +581,19 @@ def train_keras(args) -> int:
 # The table
 
 
-def table(rows: list[Row], runs: dict[str, list[Run]]) -> list[dict]:
-    """Prints one line per row (medians over its seeds); returns the same figures."""
+def table(rows: list[Row], runs: dict[str, list[Run]], split: str, pictures: int,
+          rereads: Sequence[str] = ()) -> list[dict]:
+    """Prints one line per row (medians over its seeds), the accuracy on ``split`` (of
+    ``pictures``) and, with ``rereads``, on each of them and over all of their pictures;
+    returns the same figures."""
     figures = []
     reference = next((base for base in REFERENCES
                       if any(r.base == base and not r.changes for r in rows)), None)
     paper_minutes = {row.cap: statistics.median(r.final.minutes for r in runs[row.spec])
                      for row in rows if row.base == reference and not row.changes}
     width = max(len("row"), *(len(row.spec) for row in rows))
-    print(f"{'row':<{width}} {'oneDNN':<7} {'seeds':>5} {'accuracy % (low-high)':>22} "
+    more = "".join(f" {name:>10}" for name in (*rereads, "all") if rereads)
+    print(f"{'row':<{width}} {'oneDNN':<7} {'seeds':>5} {split + ' % (low-high)':>22}{more} "
           f"{'epochs':>7} {'minutes':>8} {'/ ' + (reference or 'paper'):>8}")
     for row in rows:
         done = runs[row.spec]
@@ -590,9 +604,15 @@ def table(rows: list[Row], runs: dict[str, list[Run]]) -> list[dict]:
                   "accuracy": statistics.median(accuracy), "low": min(accuracy),
                   "high": max(accuracy), "epochs": statistics.median(r.final.epoch for r in done),
                   "minutes": minutes, "reference": reference, "time_vs_reference": ratio}
+        if rereads:
+            figure["rereads"] = {name: statistics.median(100 * r.rereads[name][0] for r in done)
+                                 for name in rereads}
+            figure["all"] = statistics.median(100 * r.pooled(pictures) for r in done)
         figures.append(figure)
         spread = f"{figure['accuracy']:.2f} ({figure['low']:.2f}-{figure['high']:.2f})"
-        print(f"{row.spec:<{width}} {row.cap or 'native':<7} {len(done):>5} {spread:>22} "
+        more = "".join(f" {value:>10.2f}" for value in (*figure.get("rereads", {}).values(),
+                                                         figure.get("all")) if value is not None)
+        print(f"{row.spec:<{width}} {row.cap or 'native':<7} {len(done):>5} {spread:>22}{more} "
               f"{figure['epochs']:>7.2f} {minutes:>8.2f} "
               f"{'' if ratio is None else f'{ratio:.2f}':>8}", flush=True)
     return figures
@@ -628,10 +648,12 @@ def parse_args(argv=None):
                         help="run nothing: the table of the runs of these rows and seeds that "
                              "earlier invocations left in --work-dir (a round whose seeds ran "
                              "in several sessions)")
-    parser.add_argument("--reread", choices=fashion_mnist.EVAL_SPLITS, metavar="SPLIT",
+    parser.add_argument("--reread", default="", metavar="SPLIT[,SPLIT]",
                         help="run nothing: as --report, with each run's final checkpoint "
-                             "evaluated once more on SPLIT's pictures (the runs of --split, "
-                             "which must have trained on the same pictures)")
+                             "evaluated once more on each SPLIT's pictures (the runs of "
+                             "--split, which must have trained on the same pictures); the "
+                             "table adds a column per SPLIT and one over all the splits' "
+                             "pictures")
     # The Keras run's own process (train_keras).
     parser.add_argument("--_keras-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
@@ -650,16 +672,18 @@ def parse_args(argv=None):
         parser.error("--epochs must be 1 or more and --fast-epochs above 0")
     if args.per_class is not None and args.per_class < 1:
         parser.error("--per-class must be 1 or more")
-    if "holdout" in (args.split, args.reread) and (
+    args.reread = [split.strip() for split in args.reread.split(",") if split.strip()]
+    for split in args.reread:
+        if split not in fashion_mnist.EVAL_SPLITS or split == args.split:
+            parser.error(f"--reread {split}: name other splits than --split's "
+                         f"({args.split}), of {', '.join(fashion_mnist.EVAL_SPLITS)}")
+    if "holdout" in (args.split, *args.reread) and (
             args.per_class is None or args.per_class > fashion_mnist.MAX_HOLDOUT_PER_CLASS):
         parser.error(f"--split/--reread holdout: --per-class at most "
                      f"{fashion_mnist.MAX_HOLDOUT_PER_CLASS}, so that "
                      f"{fashion_mnist.HELD_OUT:,} pictures of each class are left before the "
                      f"validation split's")
     if args.reread:
-        if args.reread == args.split:
-            parser.error(f"--reread {args.reread}: the runs of --split {args.split} were "
-                         f"evaluated there already; name another split")
         if any(row.base == "keras" for row in args.rows):
             parser.error("--reread: keras rows keep no job dir to evaluate; leave them out")
         args.report = True
@@ -682,31 +706,30 @@ def main(argv=None) -> int:
           f"pictures; ResNet-{args.depth}; seeds {args.seeds}; paper schedule: drops at epochs "
           f"{scaled_boundaries(args.epochs)} (the defaults x {args.epochs} / "
           f"{DEFAULT_RUN_EPOCHS:.1f})", flush=True)
-    reread_dir = None
-    if args.reread:
-        reread_dir = prepare_data(args.work_dir, args.per_class, args.reread)
-        same_training_pictures(data_dir, reread_dir)
-        eval_records = metadata.split_size(reread_dir, "eval")
-        print(f"reread: each run's final checkpoint on {eval_records:,} {args.reread} pictures",
-              flush=True)
+    reread_dirs = {}
+    for split in args.reread:
+        reread_dirs[split] = prepare_data(args.work_dir, args.per_class, split)
+        same_training_pictures(data_dir, reread_dirs[split])
+        print(f"reread: each run's final checkpoint on "
+              f"{metadata.split_size(reread_dirs[split], 'eval'):,} {split} pictures", flush=True)
     runs: dict[str, list[Run]] = {row.spec: [] for row in args.rows}
     for seed in args.seeds:
         for row in args.rows:
             run = make_run(row, seed, args, data_dir, train_records)
             if args.report:
                 run = read_logged(run)
-                if reread_dir:
-                    run = reread(run, row, reread_dir, args.reread)
+                for split, folder in reread_dirs.items():
+                    run = reread(run, row, folder, split)
             else:
                 run = run_logged(run)
             runs[row.spec].append(run)
     print()
     print(machine)
-    figures = table(args.rows, runs)
+    figures = table(args.rows, runs, args.split, eval_records, args.reread)
     if args.json:
-        body = {"machine": machine, "data": {"dir": reread_dir or data_dir,
-                                             "train": train_records,
-                                             args.reread or args.split: eval_records},
+        body = {"machine": machine, "data": {"dir": data_dir, "train": train_records,
+                                             args.split: eval_records,
+                                             "reread": reread_dirs},
                 "settings": {k: v for k, v in vars(args).items() if k != "rows"},
                 "table": figures,
                 "runs": {spec: [dataclasses.asdict(r) for r in done]
