@@ -109,10 +109,11 @@ RECIPES: dict[str, Mapping[str, Any]] = {
 # them. 40,000: 5.5 epochs with the first 3 at 24 pixels (low_res_fraction above), the row of
 # the highest median over 3 seeds, on Fashion-MNIST, among those whose time fits a third of the
 # fair baseline's (He et al.'s proportions, 15 epochs) with oneDNN at AVX2; 5 epochs at full
-# size reached the baseline's median too but took 0.35 of its time (docs/performance.md, "The
-# sixth round"). 10,000: 4 epochs, which reached the tutorial-proportioned paper recipe's median
-# (the third round); against the fair baseline 4 ended 0.58 points under it and no longer run
-# was measured (the fifth round).
+# size reached the baseline's median too but took 0.35 of its time. Over 30,000 pictures of
+# three splits it ends 0.16 points under the baseline; 6 full-size epochs reach it, in 0.41
+# of its time at AVX2 (docs/performance.md, "The sixth round"). 10,000: 4 epochs, which
+# reached the tutorial-proportioned paper recipe's median (the third round); against the fair
+# baseline 4 ended 0.58 points under it and no longer run was measured (the fifth round).
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
     "fast": ((10_000, 4.0), (40_000, 5.5)),
 }
