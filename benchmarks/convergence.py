@@ -105,7 +105,7 @@ from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
 from cifar10_estimator.config.settings import RESNET, ModelParams, TrainConfig
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError, run_cli
-from cifar10_estimator.logs import import_tensorflow_quietly
+from cifar10_estimator.logs import CPP_LOG_LEVEL_ENV, import_tensorflow_quietly
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process
 
@@ -431,13 +431,14 @@ def training_pictures(folder: str) -> str:
     """A digest of the pictures and labels of ``folder``'s training file, in order: its bytes
     can differ for the same pictures (generators before 9d97518 wrote a record's features in
     an order that varied by process)."""
+    # TensorFlow's C++ log at errors only, as the trainer's (its record reader logs its buffer
+    # at INFO); only --reread loads TensorFlow in this process.
+    os.environ.setdefault(CPP_LOG_LEVEL_ENV, "2")
     import_tensorflow_quietly()
     import tensorflow as tf
 
     digest = hashlib.sha256()
-    # A buffer given: without one the reader logs that it chose its default.
-    records = tf.data.TFRecordDataset(schema.record_path(folder, "train"), buffer_size=1 << 18)
-    for batch in records.batch(1000):
+    for batch in tf.data.TFRecordDataset(schema.record_path(folder, "train")).batch(1000):
         parsed = tf.io.parse_example(batch, schema.FEATURE_SPEC)
         digest.update(b"".join(parsed["image"].numpy()))
         digest.update(parsed["label"].numpy().astype("<i8").tobytes())
