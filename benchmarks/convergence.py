@@ -400,10 +400,10 @@ def read_logged(run: Run) -> Run:
     return run
 
 
-def reread(run: Run, row: Row, data_dir: str, split: str) -> Run:
+def reread(run: Run, row: Row, data_dir: str, split: str, pictures: int) -> Run:
     """``run`` (finished, as ``read_logged`` tells it) with its final checkpoint read again
-    (``run.rereads[split]``): evaluated once on ``data_dir``'s eval file (``split``'s pictures)
-    by the package's evaluate command, under the row's oneDNN setting. The report is kept in the
+    (``run.rereads[split]``): evaluated once on ``data_dir``'s eval file (``split``'s
+    ``pictures`` pictures) by the package's evaluate command, under the row's oneDNN setting. The report is kept in the
     run's folder, so a second --reread reads it instead of evaluating again."""
     folder = os.path.dirname(run.log)
     report = os.path.join(folder, f"reread-{split}.json")
@@ -421,7 +421,7 @@ def reread(run: Run, row: Row, data_dir: str, split: str) -> Run:
     if body["global_step"] != run.final.step:
         raise UserError(f"--reread: {report} is of step {body['global_step']}, the run ended at "
                         f"{run.final.step}; remove it and reread")
-    run.rereads[split] = (body["accuracy"], metadata.split_size(data_dir, "eval"))
+    run.rereads[split] = (body["accuracy"], pictures)
     print(f"  {run.name}, seed {run.seed}: {100 * body['accuracy']:.2f} % on {split} "
           f"(report: {report})", flush=True)
     return run
@@ -443,15 +443,6 @@ def training_pictures(folder: str) -> str:
         digest.update(b"".join(parsed["image"].numpy()))
         digest.update(parsed["label"].numpy().astype("<i8").tobytes())
     return digest.hexdigest()
-
-
-def same_training_pictures(data_dir: str, other: str) -> None:
-    """Exits with one line unless the two records folders train on the same pictures in the
-    same order: a reread reads models trained on ``data_dir``'s pictures on ``other``'s eval
-    pictures."""
-    if training_pictures(data_dir) != training_pictures(other):
-        raise UserError(f"--reread: {other}'s training pictures differ from {data_dir}'s: its "
-                        f"runs trained on other pictures; train them on --split's pictures")
 
 
 def run_env(row: Row) -> dict:
@@ -707,12 +698,17 @@ def main(argv=None) -> int:
           f"pictures; ResNet-{args.depth}; seeds {args.seeds}; paper schedule: drops at epochs "
           f"{scaled_boundaries(args.epochs)} (the defaults x {args.epochs} / "
           f"{DEFAULT_RUN_EPOCHS:.1f})", flush=True)
-    reread_dirs = {}
+    reread_dirs, reread_pictures = {}, {}
+    trained_on = training_pictures(data_dir) if args.reread else None
     for split in args.reread:
-        reread_dirs[split] = prepare_data(args.work_dir, args.per_class, split)
-        same_training_pictures(data_dir, reread_dirs[split])
-        print(f"reread: each run's final checkpoint on "
-              f"{metadata.split_size(reread_dirs[split], 'eval'):,} {split} pictures", flush=True)
+        folder = reread_dirs[split] = prepare_data(args.work_dir, args.per_class, split)
+        # A reread reads models trained on data_dir's pictures on folder's eval pictures.
+        if training_pictures(folder) != trained_on:
+            raise UserError(f"--reread: {folder}'s training pictures differ from {data_dir}'s: "
+                            f"its runs trained on other pictures; train them on --split's")
+        reread_pictures[split] = metadata.split_size(folder, "eval")
+        print(f"reread: each run's final checkpoint on {reread_pictures[split]:,} {split} "
+              f"pictures", flush=True)
     runs: dict[str, list[Run]] = {row.spec: [] for row in args.rows}
     for seed in args.seeds:
         for row in args.rows:
@@ -720,7 +716,7 @@ def main(argv=None) -> int:
             if args.report:
                 run = read_logged(run)
                 for split, folder in reread_dirs.items():
-                    run = reread(run, row, folder, split)
+                    run = reread(run, row, folder, split, reread_pictures[split])
             else:
                 run = run_logged(run)
             runs[row.spec].append(run)
