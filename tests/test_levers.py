@@ -328,6 +328,42 @@ def test_the_low_res_steps_are_the_fraction_of_the_plans_steps():
     assert settings.low_res_steps == 18  # 0.375 of 4 epochs of 96 / 8 = 12 steps
 
 
+def test_the_fast_recipes_share_of_small_pictures_follows_the_training_files_size(tmp_path):
+    from cifar10_estimator.config.role import Role
+    from cifar10_estimator.jobdir import settings_record
+    from cifar10_estimator.training import start
+
+    def planned(records, *argv):
+        config, _ = flags.parse(["--recipe", "fast", *argv] + PATHS)
+        return plan.resolve(config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES,
+                            train_records=records, precision="fp32")
+
+    small, between, large = planned(10_000), planned(20_000), planned(40_000)
+    assert (small.low_res_fraction, small.low_res_steps) == (0.0, 0)
+    assert 0 < between.low_res_fraction < large.low_res_fraction == 0.545
+    # 5.5 epochs of 625 steps: the first 0.545 of the 3,438 steps at 24 pixels.
+    assert (large.train_steps, large.low_res_steps) == (3438, 1873)
+    assert model_fn.ModelSettings.of(large).low_res_steps == 1873
+    assert "the first 1873 steps (0.545 of the run, the fast recipe's share for 40,000 " \
+           "records) at 24 pixels" in start._plan_line(large)
+    assert "pixels" not in start._plan_line(small)
+    given = planned(10_000, "--low-res-fraction", "0.25")
+    assert given.low_res_steps == int(0.25 * given.train_steps)
+    assert "(0.25 of the run, --low-res-fraction)" in start._plan_line(given)
+    assert "--low-res-fraction by the training set's size" in overlays.describe(large.config)
+
+    # The job dir keeps the share the run resolved: the same file size agrees, another is
+    # refused like a changed flag, naming both values.
+    job_dir = str(tmp_path)
+    settings_record.check(job_dir, settings_record.of_plan(large), is_chief=True)
+    assert settings_record.read(job_dir)["low_res_fraction"] == 0.545
+    settings_record.check(job_dir, settings_record.of_plan(planned(40_000)), is_chief=True)
+    with pytest.raises(UserError, match=r"--low-res-fraction 0\.545 \(now 0\)"):
+        settings_record.check(job_dir, settings_record.of_plan(small), is_chief=True)
+    settings_record.check(job_dir, settings_record.of_plan(  # the recorded share and length
+        planned(10_000, "--low-res-fraction", "0.545", "--train-steps", "3438")), is_chief=True)
+
+
 def test_a_low_res_fraction_of_the_whole_run_is_refused():
     from cifar10_estimator.config import checks
     with pytest.raises(UserError, match="--low-res-fraction must be in \\[0, 1\\)"):

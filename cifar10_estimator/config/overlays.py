@@ -9,7 +9,9 @@ setting a recipe may set, marking those given (``describe``).
 
 A run length is one fact: a model's overlay gives ``train_steps``; a recipe with a length of
 its own (``RUN_LENGTHS``) replaces it with epochs that follow the training file's size, and
-``--train-epochs`` or ``--train-steps`` given replace either.
+``--train-epochs`` or ``--train-steps`` given replace either. A recipe's share of the run at
+small pictures follows the size the same way (``LOW_RES_SHARES``), unless
+``--low-res-fraction`` is given: its overlay holds None, which the plan resolves.
 """
 
 import dataclasses
@@ -94,20 +96,25 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         # triangular schedule (+0.08 alone) is left out, since with it the pair ended under
         # the identity start alone (docs/performance.md, "The sixth round").
         "dirac_init": True,
-        # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986): the first 3 of 5.5
-        # epochs at 24 pixels, where a step takes about 0.62 of the time with oneDNN at AVX2,
-        # so the run fits a third of the fair baseline's time there. Of the rows that fit it on
-        # 40,000 Fashion-MNIST pictures, the highest validation median (92.96 % against the
-        # baseline's 92.83; 2 of 5 epochs, 92.85) (docs/performance.md, "The sixth round").
-        # At 10,000 pictures it costs 0.26 points over three splits (the same docs): the share
-        # should follow the set's size, as RUN_LENGTHS does; not built yet.
-        "low_res_fraction": 0.545,
+        # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986), its share of the run
+        # following the training file's size (LOW_RES_SHARES).
+        "low_res_fraction": None,
     },
+}
+# A recipe's share of its run at --low-res-size, for a training file of N records, where
+# --low-res-fraction is not given: through points (N, share), as RUN_LENGTHS does. 40,000: the
+# first 3 of 5.5 epochs at 24 pixels, where a step takes about 0.62 of the time with oneDNN at
+# AVX2, so the run fits a third of the fair baseline's time there; of the rows that fit it on
+# 40,000 Fashion-MNIST pictures, the highest validation median (92.96 % against the baseline's
+# 92.83; 2 of 5 epochs, 92.85). 10,000: none, since there the same share ended 0.26 points
+# under the same run at full size over three splits (docs/performance.md, "The sixth round").
+LOW_RES_SHARES: dict[str, tuple[tuple[int, float], ...]] = {
+    "fast": ((10_000, 0.0), (40_000, 0.545)),
 }
 # A recipe's own run length, in epochs, for a training file of N records, where neither
 # --train-epochs nor --train-steps is given: through points (N, epochs) measured with
 # benchmarks/convergence.py on a validation split, straight in log N between them and flat beyond
-# them. 40,000: 5.5 epochs with the first 3 at 24 pixels (low_res_fraction above), the row of
+# them. 40,000: 5.5 epochs with the first 3 at 24 pixels (LOW_RES_SHARES above), the row of
 # the highest median over 3 seeds, on Fashion-MNIST, among those whose time fits a third of the
 # fair baseline's (He et al.'s proportions, 15 epochs) with oneDNN at AVX2; 5 epochs at full
 # size reached the baseline's median too but took 0.35 of its time. Over 30,000 pictures of
@@ -124,18 +131,28 @@ def recipe_epochs(recipe: str, train_records: int) -> Optional[float]:
     """The epochs ``recipe`` trains on ``train_records`` records (RUN_LENGTHS); None for a
     recipe without a length of its own (the model's steps apply)."""
     points = RUN_LENGTHS.get(recipe)
-    if not points:
-        return None
-    (n0, e0), (n1, e1) = points[0], points[-1]
-    if train_records <= n0:
-        return e0
-    if train_records >= n1:
-        return e1
-    for (lo, e_lo), (hi, e_hi) in zip(points, points[1:]):
-        if lo <= train_records <= hi:
-            share = math.log(train_records / lo) / math.log(hi / lo)
-            return round(e_lo + share * (e_hi - e_lo), 1)
-    raise AssertionError("RUN_LENGTHS points are in increasing N")
+    return round(_along(points, train_records), 1) if points else None
+
+
+def recipe_low_res_fraction(recipe: str, train_records: int) -> float:
+    """The share of its run ``recipe`` trains at --low-res-size on ``train_records`` records
+    (LOW_RES_SHARES); 0 for a recipe without one."""
+    points = LOW_RES_SHARES.get(recipe)
+    return round(_along(points, train_records), 3) if points else 0.0
+
+
+def _along(points: tuple[tuple[int, float], ...], n: int) -> float:
+    """The value at ``n`` of a curve through ``points`` (N, value) in increasing N: straight in
+    log N between two points, flat beyond the first and the last."""
+    (n0, v0), (n1, v1) = points[0], points[-1]
+    if n <= n0:
+        return v0
+    if n >= n1:
+        return v1
+    for (lo, v_lo), (hi, v_hi) in zip(points, points[1:]):
+        if lo <= n <= hi:
+            return v_lo + math.log(n / lo) / math.log(hi / lo) * (v_hi - v_lo)
+    raise AssertionError("a recipe's points are in increasing N")
 
 
 # Each --distribution-strategy's defaults: a multi-worker all-reduce job cannot recompute the
@@ -187,9 +204,15 @@ def build(**given: Any) -> TrainConfig:
 
 def recipe_help() -> str:
     """What each recipe sets, for the docs and ``--help``."""
-    return "; ".join(f"{name}: " + (", ".join(f"{flag(k)} {shown(v)}" for k, v in values.items())
+    return "; ".join(f"{name}: " + (", ".join(f"{flag(k)} {_shown(v)}" for k, v in values.items())
                                     or "the defaults")
                      for name, values in RECIPES.items())
+
+
+def _shown(value: Any) -> str:
+    """A recipe's value as the help and the log show it: None is a share that follows the
+    training file's size (``LOW_RES_SHARES``), the only None a recipe holds."""
+    return "by the training set's size" if value is None else shown(value)
 
 
 def describe(config: TrainConfig) -> str:
@@ -211,6 +234,6 @@ def describe(config: TrainConfig) -> str:
             return " (--train-epochs: the paper's proportions of the run)"
         return ""
 
-    parts = [f"{flag(name)} {shown(getattr(config, name))}{note(name)}"
+    parts = [f"{flag(name)} {_shown(getattr(config, name))}{note(name)}"
              for name in RECIPE_FIELDS]
     return f"recipe {config.recipe}: {', '.join(parts)}"

@@ -5,7 +5,8 @@ task's ``Role`` in the cluster (from the ``TF_CONFIG`` value the command read), 
 data's counts and the precision chosen for the job into a ``Plan``: the run's length in global
 steps, the batch per worker, per global step and per tower or replica, the devices (one per
 tower or replica), the data layout, the learning rate's ``Schedule`` in global steps, the
-precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request,
+share of the run at small pictures (``--low-res-fraction``, or the recipe's for the data's
+size), the precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request,
 never a plan). Each rule behind these facts is a function here, and ``resolve`` is the only
 caller that turns them into a run's numbers; a ``Plan`` cannot be changed after it is made.
 
@@ -16,7 +17,7 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
-from cifar10_estimator.config.overlays import MODELS, recipe_epochs
+from cifar10_estimator.config.overlays import MODELS, recipe_epochs, recipe_low_res_fraction
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (ALL_REDUCE_STRATEGIES, HE_FACTORS, HE_FRACTIONS,
                                                LENGTH_SHAPED_SCHEDULES, MULTI_WORKER_MIRRORED,
@@ -125,6 +126,9 @@ class Plan:
     run_epochs: Optional[float]  # the length in epochs, where it was given in epochs
     length_from: str  # which setting gave the length, for the log
     schedule: Schedule  # the learning rate over the run's global steps
+    # The first low_res_fraction of the steps train at --low-res-size: the flag, or the recipe's
+    # share for train_records (the settings record keeps this value, as it does the precision).
+    low_res_fraction: float
 
     @property
     def num_classes(self) -> int:
@@ -147,6 +151,11 @@ class Plan:
         """The steps a length-shaped schedule spans (what the settings record keeps), else
         None."""
         return self.schedule.total_steps if self.schedule.length_shaped else None
+
+    @property
+    def low_res_steps(self) -> int:
+        """The global steps that train on pictures scaled down to --low-res-size."""
+        return int(self.low_res_fraction * self.train_steps)
 
     def worker_images(self, steps: int) -> int:
         """The images this worker's batches hold over ``steps`` global steps: what the run
@@ -195,4 +204,6 @@ def resolve(config: TrainConfig, role: Role, *, dataset: str, class_names: Seque
         replica_batch=config.train_batch_size // len(devices), global_batch=per_global_step,
         steps_per_epoch=steps_per_epoch, train_steps=train_steps, run_epochs=epochs,
         length_from=length_from,
-        schedule=schedule_of(config, steps_per_epoch, train_steps, per_global_step))
+        schedule=schedule_of(config, steps_per_epoch, train_steps, per_global_step),
+        low_res_fraction=(config.low_res_fraction if config.low_res_fraction is not None
+                          else recipe_low_res_fraction(config.recipe, train_records)))

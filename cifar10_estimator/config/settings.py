@@ -217,14 +217,15 @@ class ModelParams:
         0.5, "Lookahead's step of the slow weights towards the fast ones (the paper's 0.5)",
         group="schedule", record=True, check=Check(lambda v: 0 < v <= 1, "in (0, 1]"),
         recipe=True)
-    low_res_fraction: float = setting(
+    # None (a recipe's overlay only): the recipe's share for the training file's size
+    # (overlays.LOW_RES_SHARES), which the plan resolves and the settings record keeps.
+    low_res_fraction: Optional[float] = setting(
         0.0, "progressive resizing: the first F of the run's steps (0 <= F < 1) train on "
              "pictures scaled down to --low-res-size pixels a side, the rest at full size, as "
              "evaluation and serving see them (Hoffer et al. 2019, arXiv:1908.08986: a "
              "convolutional network trains faster on smaller pictures and keeps its accuracy "
              "at the full size); 0 is off",
-        group="schedule", record=True, check=Check(lambda v: 0 <= v < 1, "in [0, 1)"),
-        models=(RESNET,), recipe=True)
+        group="schedule", record=True, check=FRACTION, models=(RESNET,), recipe=True)
     low_res_size: int = setting(
         24, "the side, in pixels, of the pictures of the first --low-res-fraction of the run: 24 "
             "(our choice: three quarters of 32, so about 0.56 of the network's work per "

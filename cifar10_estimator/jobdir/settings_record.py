@@ -19,6 +19,11 @@ line says so), and a rerun that changes it is refused like any recorded setting.
 that existed unrecorded, under an overlay, and became recorded later would need its own rule
 here: none has.)
 
+Two settings are recorded as the plan resolved them: ``--precision`` (``auto`` is a request;
+a rerun that asks for it again takes the recorded choice) and ``--low-res-fraction`` (a
+recipe's share follows the training file's size: a rerun on a file of another size that
+would resolve it otherwise is refused like a changed flag).
+
 The file is JSON with one flag per line, for people as much as for the package.
 """
 
@@ -53,18 +58,22 @@ _LABELS = {"dataset": "the data set's dataset", "num_classes": "the data set's n
 def of_plan(plan: Plan) -> dict[str, Any]:
     """The values that define ``plan``'s run, as the record keeps them."""
     return run_settings(plan.config, plan.dataset, plan.num_classes, plan.schedule_spans,
-                        precision=plan.precision)
+                        precision=plan.precision, low_res_fraction=plan.low_res_fraction)
 
 
 def run_settings(config: TrainConfig, dataset: str, num_classes: int,
                  schedule_steps: Optional[int] = None, *,
-                 precision: Optional[str] = None) -> dict[str, Any]:
+                 precision: Optional[str] = None,
+                 low_res_fraction: Optional[float] = None) -> dict[str, Any]:
     """The values that define the run, as JSON values: ``precision`` the one the job computes
-    in (else ``config``'s, when that is not "auto"); ``schedule_steps`` for a schedule whose
-    shape depends on the run's length."""
+    in (else ``config``'s, when that is not "auto"), ``low_res_fraction`` the share the plan
+    resolved (else ``config``'s, when a recipe's does not follow the data's size);
+    ``schedule_steps`` for a schedule whose shape depends on the run's length."""
     values: dict[str, Any] = {name: getattr(config, name) for name in RUN_FIELDS}
     if precision is not None:
         values["precision"] = precision
+    if low_res_fraction is not None:
+        values["low_res_fraction"] = low_res_fraction
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
     values.update(dataset=dataset, num_classes=num_classes)
     if schedule_steps is not None:
@@ -128,6 +137,8 @@ def _problem(name: str, value: Any) -> Optional[str]:
         check = None if name == "dataset" else AT_LEAST_1
     elif name in RUN_FIELDS:
         tp, check = _HINTS[name], _FIELDS[name].metadata.get("check")
+        if typing.get_origin(tp) is typing.Union:  # None is a request the plan resolves
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
     else:
         items = value if isinstance(value, list) else [value]
         return None if all(isinstance(v, _SCALARS) for v in items) else "a value or a list"

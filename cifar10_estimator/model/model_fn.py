@@ -53,7 +53,7 @@ class ModelSettings:
     # The records folder whose training pictures give the whitening filters (training only).
     data_dir: Optional[str] = None
     # Global steps that train on pictures scaled down to params.low_res_size (--low-res-fraction
-    # of the run's).
+    # of the run's, or the recipe's share: Plan.low_res_steps).
     low_res_steps: int = 0
 
     @classmethod
@@ -65,7 +65,7 @@ class ModelSettings:
                    num_workers=plan.role.num_trainers, is_chief=plan.role.is_chief,
                    compute_dtype=compute_dtype or plan.compute_dtype,
                    class_names=plan.class_names, data_dir=plan.config.data_dir,
-                   low_res_steps=int(plan.config.low_res_fraction * plan.train_steps))
+                   low_res_steps=plan.low_res_steps)
 
     @property
     def num_classes(self) -> int:
