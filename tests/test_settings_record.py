@@ -111,3 +111,12 @@ def test_the_default_is_the_fields_own_not_a_recipe_or_model_overlay(tmp_path):
 # A real job dir recorded before --test-time-mirror existed, through the trainer (refused with
 # the flag, then its default recorded): tests/test_job_dir.py, on the job dir its settings test
 # trains anyway.
+
+
+def test_a_share_the_plan_resolves_is_never_read_back_unresolved(tmp_path):
+    # A recipe's None for --low-res-fraction is a request the plan resolves before the record
+    # is written; a record that holds it anyway (edited by hand) is refused in one line.
+    settings_record.write(str(tmp_path), {**current(), "low_res_fraction": None})
+    with pytest.raises(UserError, match="records 'low_res_fraction' as null, not a finite "
+                                        "number; restore it"):
+        settings_record.read(str(tmp_path))
