@@ -6,8 +6,8 @@ data's counts and the precision chosen for the job into a ``Plan``: the run's le
 steps, the batch per worker, per global step and per tower or replica, the devices (one per
 tower or replica), the data layout, the learning rate's ``Schedule`` in global steps, the
 share of the run at small pictures (``--low-res-fraction``, or the recipe's for the data's
-size), the precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request,
-never a plan). Each rule behind these facts is a function here, and ``resolve`` is the only
+size), the precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a
+request, never a plan). Each rule behind these facts is a function here, and ``resolve`` is the only
 caller that turns them into a run's numbers; a ``Plan`` cannot be changed after it is made.
 
 No TensorFlow here: the commands resolve as much as they can before it loads.
