@@ -119,7 +119,8 @@ LOW_RES_SHARES: dict[str, tuple[tuple[int, float], ...]] = {
 # fair baseline's (He et al.'s proportions, 15 epochs) with oneDNN at AVX2; 5 epochs at full
 # size reached the baseline's median too but took 0.35 of its time. Over 30,000 pictures of
 # three splits it ends 0.16 points under the baseline; 6 full-size epochs reach it, in 0.41
-# of its time at AVX2 (docs/performance.md, "The sixth round"). 10,000: 4 epochs, which
+# of its time at AVX2. At 50,000 the same length ended 0.12 under on the test split, in 0.31
+# (docs/performance.md, "The sixth round"). 10,000: 4 epochs, which
 # reached the tutorial-proportioned paper recipe's median (the third round); against the fair
 # baseline 4 ended 0.58 points under it and no longer run was measured (the fifth round).
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
