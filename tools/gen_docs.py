@@ -146,7 +146,7 @@ def _shown(name: str, value, recipe: Optional[str] = None) -> str:
         if name == "train_steps" and recipe in overlays.RUN_LENGTHS:
             return "its own length ([Recipes](#recipes))"
         if name == "low_res_fraction" and recipe in overlays.LOW_RES_SHARES:
-            return "by the training set's size ([Recipes](#recipes))"
+            return f"{overlays.BY_SIZE} ([Recipes](#recipes))"
         help_text = _FIELDS[name].metadata["help"] if name in _FIELDS else ""
         return "required" if "(required" in help_text else "unset"
     return fields.shown(value)

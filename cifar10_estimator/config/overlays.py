@@ -210,10 +210,14 @@ def recipe_help() -> str:
                      for name, values in RECIPES.items())
 
 
+# How the help, the log and the docs show a recipe's None: a share that follows the training
+# file's size (LOW_RES_SHARES), the only None a recipe holds.
+BY_SIZE = "by the training set's size"
+
+
 def _shown(value: Any) -> str:
-    """A recipe's value as the help and the log show it: None is a share that follows the
-    training file's size (``LOW_RES_SHARES``), the only None a recipe holds."""
-    return "by the training set's size" if value is None else shown(value)
+    """A recipe's value as the help and the log show it."""
+    return BY_SIZE if value is None else shown(value)
 
 
 def describe(config: TrainConfig) -> str:
