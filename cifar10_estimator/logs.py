@@ -32,7 +32,7 @@ CPP_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"  # read by TensorFlow's C++ once, whe
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
+def native_stderr_silenced() -> Iterator[None]:
     """Points file descriptor 2 at /dev/null for the block (C++ writes bypass sys.stderr)."""
     sys.stderr.flush()
     saved = os.dup(2)
@@ -56,7 +56,7 @@ def import_tensorflow_quietly() -> None:
     the first time it looks for devices (once a process). The run's own lines say which
     devices it uses."""
     if "tensorflow" not in sys.modules:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             import tensorflow
 
             tensorflow.config.list_physical_devices()

@@ -1,8 +1,9 @@
 """The predict command: ``python -m cifar10_estimator.predict`` (``cifar10-predict``).
 
-Prints the top classes of image files with an exported SavedModel, one line per image, with the
-class names of the dataset it was trained on (``serving.client`` does the work). The SavedModel
-is checked before it is loaded (``serving.trust``), unless ``--trust-export``.
+Prints the top classes of image files with an exported SavedModel, or a LiteRT or ONNX file
+converted from one, one line per image, with the class names of the dataset it was trained on
+(``serving.client`` does the work). The model is checked before it is loaded
+(``serving.trust``, ``serving.runtime_trust``), unless ``--trust-export``.
 """
 
 import json
@@ -27,10 +28,12 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                           f"{prog} --saved-model cifar10-job/export/1700000000 --json *.png"),
         description="Print the top classes of image files with an exported SavedModel, with "
                     "the class names of the dataset it was trained on.")
-    parser.add_argument("--saved-model", required=True, metavar="DIR",
+    parser.add_argument("--saved-model", "--model", required=True, metavar="PATH",
                         help="a SavedModel folder written by the trainer (JOB_DIR/export/<n>), "
-                             "or the export folder above the numbered ones, whose newest "
-                             "version is used, as TensorFlow Serving does")
+                             "the export folder above the numbered ones, whose newest "
+                             "version is used, as TensorFlow Serving does, or a .tflite or "
+                             ".onnx file converted from one (cifar10-convert), run on LiteRT or "
+                             "ONNX Runtime")
     parser.add_argument("--top", type=int, default=3, help="classes to show per image")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object per image: its file and its top classes "
@@ -44,7 +47,10 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     logs.import_tensorflow_quietly()
     from cifar10_estimator.serving import client
 
-    folder = client.newest_export(args.saved_model)
+    from cifar10_estimator.serving import formats
+
+    folder = (args.saved_model if formats.runtime_of(args.saved_model)
+              else client.newest_export(args.saved_model))
     for path, ranked in zip(args.images, client.classify(folder, args.images, args.top,
                                                             trusted=args.trust_export)):
         if args.json:

@@ -1,7 +1,8 @@
 """Evaluating a trained model once, outside training: what the ``evaluate`` command runs.
 
 The model is a SavedModel export (a numbered folder, or the export folder above the numbered
-ones, whose newest version is taken) or a checkpoint of a job dir (the latest, or a named one),
+ones, whose newest version is taken), a LiteRT or ONNX file converted from one (run on its own
+runtime, ``serving.runtimes``), or a checkpoint of a job dir (the latest, or a named one),
 which is built with the settings the job dir recorded (``settings_record``) and, when those say
 the run averaged its weights, with the averaged ones, as the trainer's evaluation is. Both become
 one function from 32x32 pictures to probabilities: the export's ``serving_default`` signature,
@@ -30,7 +31,7 @@ from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_mode
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.config.overlays import TUTORIAL_CNN_AVERAGE_DECAY
 from cifar10_estimator.config.settings import EXPORT_SUBDIR, ModelParams
-from cifar10_estimator.serving import client
+from cifar10_estimator.serving import client, formats, runtimes
 from cifar10_estimator.serving.export import EVAL_METRICS_FILE, EXPORT_INFO_FILE
 from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
 from cifar10_estimator.jobdir import settings_record
@@ -81,6 +82,10 @@ def load(path: str, checkpoint: Optional[str] = None,
       UserError: ``path`` is none of those, the checkpoint does not exist, or (unless
         ``trusted``) the export holds more than this package's exports (``serving.trust``).
     """
+    if formats.runtime_of(path):
+        if checkpoint is not None:
+            raise UserError(f"--checkpoint applies to a job dir, and {path} is a model file")
+        return _load_model_file(path, trusted)
     try:
         folder = storage.isdir(path)
     except OSError as e:
@@ -115,6 +120,16 @@ def _load_export(folder: str, trusted: bool) -> Evaluated:
                      lambda images: signature(images=images)["probabilities"],
                      client.class_names(folder, num_classes), export_step(folder),
                      export=folder)
+
+
+def _load_model_file(path: str, trusted: bool) -> Evaluated:
+    model = runtimes.load(path, runtimes.default_threads(), trusted)
+    precision = formats.manifest_entry(path).get("precision")
+    what = f"{model.runtime} {path}" + (f" ({precision})" if isinstance(precision, str) else "")
+    # The step of the export it was converted from: the file sits in EXPORT/<version>/converted.
+    return Evaluated(what, model.probabilities,
+                     formats.class_names(path, model.num_classes),
+                     export_step(storage.parent(storage.parent(path))), export=path)
 
 
 def export_step(folder: str) -> Optional[int]:
@@ -225,7 +240,7 @@ def evaluate(model: Evaluated, data_dir: str, split: str, batch_size: int = 100)
     confusion = np.zeros([classes, classes])
     cross_entropy = 0.0
     for features, labels in data.one_pass(batch_size):
-        probabilities = model.probabilities(features["image"]).numpy()
+        probabilities = np.asarray(model.probabilities(features["image"]))
         weight, labels = features["weight"].numpy(), labels.numpy()
         np.add.at(confusion, (labels, probabilities.argmax(axis=1)), weight)
         picked = probabilities[np.arange(len(labels)), labels]

@@ -1,4 +1,5 @@
-"""Using an export from Python: load it, and classify image files with it (what ``predict`` runs).
+"""Using an export from Python: load it, and classify image files with it (what ``predict`` runs),
+or with a file converted from it for LiteRT or ONNX Runtime (``runtimes``).
 
 Image files of any size and mode are converted to 32x32 RGB exactly as the image-folder
 generator converts training pictures (``images.to_cifar_pixels``), after Pillow has checked
@@ -16,6 +17,7 @@ import tensorflow as tf
 from cifar10_estimator import storage
 from cifar10_estimator.data import images, schema
 from cifar10_estimator.errors import UserError
+from cifar10_estimator.serving import formats, runtimes
 from cifar10_estimator.serving.export import CLASS_NAMES_FILE
 from cifar10_estimator.serving.signatures import IMAGES_SIGNATURE
 from cifar10_estimator.serving.trust import SAVED_MODEL_FILE, check_export
@@ -102,14 +104,20 @@ def class_names(saved_model_dir: str, num_classes: int) -> tuple[str, ...]:
     return schema.placeholder_class_names(num_classes)
 
 
-def classify(saved_model_dir: str, image_paths: Sequence[str], top: int = 3,
+def classify(model_path: str, image_paths: Sequence[str], top: int = 3,
              trusted: bool = False) -> list[list[tuple[str, float]]]:
-    """Top ``top`` (class name, probability) pairs for each image, best first (``trusted``:
-    see ``load_model``)."""
+    """Top ``top`` (class name, probability) pairs for each image, best first, by a SavedModel
+    folder or a converted ``.tflite`` or ``.onnx`` file on its own runtime (``runtimes``;
+    ``trusted``: see ``load_model`` and ``runtimes.load``)."""
     pictures = tf.stack([load_image(p) for p in image_paths])
-    _, signature = load_model(saved_model_dir, trusted)
-    probabilities = signature(images=pictures)["probabilities"].numpy()
-    names = class_names(saved_model_dir, probabilities.shape[1])
+    if formats.runtime_of(model_path):
+        model = runtimes.load(model_path, runtimes.default_threads(), trusted)
+        probabilities = model.probabilities(pictures.numpy())
+        names = formats.class_names(model_path, probabilities.shape[1])
+    else:
+        _, signature = load_model(model_path, trusted)
+        probabilities = signature(images=pictures)["probabilities"].numpy()
+        names = class_names(model_path, probabilities.shape[1])
     results = []
     for row in probabilities:
         best = np.argsort(-row)[:top]

@@ -1,0 +1,199 @@
+"""What a LiteRT or ONNX model file may hold: the check before ``predict`` or ``evaluate`` hands
+one to its runtime.
+
+A model file is a program of the runtime's ops, as a SavedModel is one of TensorFlow's, and each
+format has ways out of its runtime's own ops:
+
+- LiteRT: a custom op (``BuiltinOperator.CUSTOM`` with a ``custom_code``) runs whatever kernel the
+  loading process registered under that name, and TF Select's Flex ops (custom ops named
+  ``Flex<TensorFlow op>``) run TensorFlow kernels, ``WriteFile`` and ``ReadFile`` included, where
+  the Flex delegate is linked in.
+- ONNX: an op of a domain other than ONNX's own (``com.microsoft`` contrib ops, or a custom-op
+  library's domain), a model-local function, or an initializer whose data lies in an external
+  file, which the runtime opens wherever ``location`` points.
+
+``check_model_file`` reads the file's bytes (LiteRT's flatbuffer through the schema module that
+``ai-edge-litert`` ships, ONNX's protobuf through ``onnx``; parsing runs nothing) and refuses,
+in one line naming the file and what it found: a file over ``MAX_MODEL_FILE_BYTES``; a LiteRT
+file with a custom or Flex op, or more operator codes or subgraphs than a classifier has; an ONNX
+file with a node outside the ONNX domain (in the graph or any subgraph of If, Loop or Scan), a
+model-local function, or external data anywhere but a regular file inside the model's folder.
+Both runtimes verify the rest of the structure themselves as they load (LiteRT's flatbuffer
+verifier, ONNX Runtime's graph resolution and type inference); ``benchmarks/fuzz_campaign.py``
+feeds both damaged files and looks for a native crash.
+"""
+
+import os
+from typing import Iterator
+
+from cifar10_estimator import storage
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.serving.formats import LITERT, ONNX, require, runtime_of
+from cifar10_estimator.serving.trust import TRUST_FLAG
+
+# The largest model file read: the SavedModel's bound (trust.MAX_SAVED_MODEL_BYTES), since a
+# converted file holds the same weights (float32: about 4 bytes a weight; ResNet-1202 ~78 MB).
+MAX_MODEL_FILE_BYTES = 256 << 20
+# LiteRT's builtin operators number about 210 (schema.fbs, BuiltinOperator); a file naming more
+# operator codes than this, or more subgraphs than a classifier with control flow needs, is not
+# one of ours, and the bounds keep the walk below short on a hostile file.
+MAX_OPERATOR_CODES = 1024
+MAX_SUBGRAPHS = 64
+# ONNX Runtime's own ops are the ONNX domain's, named "" or "ai.onnx" (onnx/defs/schema.h).
+ONNX_DOMAINS = ("", "ai.onnx")
+# How deep an ONNX graph may nest subgraphs (If, Loop, Scan bodies), and how many nodes in all
+# the walk visits: ResNet-110's graph has about 600 nodes.
+MAX_ONNX_DEPTH = 16
+MAX_ONNX_NODES = 200_000
+# TensorProto.DataLocation.EXTERNAL (onnx.proto3).
+_EXTERNAL = 1
+
+
+def _refuse(path: str, what: str) -> UserError:
+    return UserError(f"{path} {what}, which this package's converted files never hold: a model "
+                     f"file is a program; add {TRUST_FLAG} to load it anyway if you trust its "
+                     f"source")
+
+
+def read_model_file(path: str) -> bytes:
+    """The bytes of a model file, refused in one line if it cannot be read or is too large."""
+    try:
+        size = storage.size(path)
+        if size > MAX_MODEL_FILE_BYTES:
+            raise UserError(f"{path} has {size:,} bytes, more than the {MAX_MODEL_FILE_BYTES:,} "
+                            f"a model file of this package may have")
+        return storage.read_bytes(path)
+    except OSError as e:
+        raise UserError(f"cannot read model file {path}: {e.strerror or e}") from None
+
+
+def check_model_file(path: str, data: bytes) -> None:
+    """Raises UserError unless ``data``, the bytes of the model file ``path``, holds only its
+    runtime's builtin ops and no data outside its folder (see the module)."""
+    runtime = runtime_of(path)
+    if runtime == LITERT:
+        _check_litert(path, data)
+    elif runtime == ONNX:
+        _check_onnx(path, data)
+    else:
+        raise UserError(f"{path} is neither a .tflite nor an .onnx file")
+
+
+def _check_litert(path: str, data: bytes) -> None:
+    schema = require(LITERT, "ai_edge_litert.schema_py_generated")
+
+    # A LiteRT flatbuffer names its schema at bytes 4-8 ("TFL3"); without it the runtime's own
+    # verifier would refuse the file, and nothing below may be read.
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise UserError(f"{path} is not a LiteRT model (no TFL3 identifier)")
+    custom = schema.BuiltinOperator.CUSTOM
+    try:
+        model = schema.Model.GetRootAs(data, 0)
+        codes, subgraphs = model.OperatorCodesLength(), model.SubgraphsLength()
+        if codes > MAX_OPERATOR_CODES or subgraphs > MAX_SUBGRAPHS:
+            raise UserError(f"{path} names {codes:,} operator codes in {subgraphs:,} subgraphs, "
+                            f"more than a LiteRT classifier has")
+        for i in range(codes):
+            code = model.OperatorCodes(i)
+            # builtin_code replaced deprecated_builtin_code (int8) at 127 operators; a file
+            # carries the larger of the two (schema.fbs, "OperatorCode").
+            builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+            name = (code.CustomCode() or b"").decode("utf-8", "replace")
+            if name.startswith("Flex"):
+                raise _refuse(path, f"runs the TF Select (Flex) op {name[4:]!r}")
+            if builtin == custom or name:
+                raise _refuse(path, f"runs the custom op {name!r}")
+    except UserError:
+        raise
+    except Exception:  # an offset past the end: what the runtime's verifier would refuse
+        raise UserError(f"{path} is not a valid LiteRT model (its flatbuffer is damaged)") from None
+
+
+def _onnx_nodes(graph, depth: int = 0) -> Iterator:
+    """Every node of ``graph`` and of the subgraphs its nodes' attributes hold."""
+    if depth > MAX_ONNX_DEPTH:
+        raise ValueError("nesting")
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                yield from _onnx_nodes(sub, depth + 1)
+
+
+def _onnx_tensors(graph, depth: int = 0) -> Iterator:
+    """Every tensor of ``graph`` and its subgraphs that may hold data: initializers, sparse
+    initializers' values and indices, and the tensors of node attributes."""
+    if depth > MAX_ONNX_DEPTH:
+        raise ValueError("nesting")
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for sparse in (*([attribute.sparse_tensor] if attribute.HasField("sparse_tensor")
+                              else []), *attribute.sparse_tensors):
+                yield sparse.values
+                yield sparse.indices
+            for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                yield from _onnx_tensors(sub, depth + 1)
+
+
+def _check_external(path: str, tensor) -> None:
+    """An external tensor's file must be a regular file inside the model's folder, named by a
+    relative path that stays there, links resolved."""
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    location = entries.get("location", "")
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    target = os.path.realpath(os.path.join(folder, location))
+    inside = (location and not os.path.isabs(location) and not storage.is_url(location)
+              and os.path.commonpath([folder, target]) == folder and target != folder)
+    if not inside:
+        raise _refuse(path, f"reads the tensor {tensor.name!r} from {location!r}, outside its "
+                            f"folder")
+    if storage.is_url(path) or not os.path.isfile(target):
+        raise UserError(f"{path} reads the tensor {tensor.name!r} from {location!r}, which is "
+                        f"not a file beside it")
+
+
+def _check_onnx(path: str, data: bytes) -> None:
+    onnx = require(ONNX, "onnx")
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except (DecodeError, RuntimeWarning, ValueError):
+        raise UserError(f"{path} is not an ONNX model (its protobuf does not parse)") from None
+    if not model.HasField("graph"):
+        raise UserError(f"{path} is not an ONNX model (it has no graph)")
+    if len(model.functions):
+        raise _refuse(path, f"defines the function {model.functions[0].name!r}")
+    try:
+        for count, node in enumerate(_onnx_nodes(model.graph)):
+            if count > MAX_ONNX_NODES:
+                raise UserError(f"{path} has more than {MAX_ONNX_NODES:,} nodes, more than a "
+                                f"classifier of this package has")
+            if node.domain not in ONNX_DOMAINS:
+                raise _refuse(path, f"runs the op {node.op_type!r} of the domain "
+                                    f"{node.domain!r}, not ONNX's own")
+        for tensor in _onnx_tensors(model.graph):
+            if tensor.data_location == _EXTERNAL or len(tensor.external_data):
+                _check_external(path, tensor)
+    except ValueError:
+        raise UserError(f"{path} nests subgraphs more than {MAX_ONNX_DEPTH} deep, more than a "
+                        f"classifier of this package does") from None
+
+
+def has_external_data(data: bytes) -> bool:
+    """Whether the ONNX model ``data`` keeps a tensor in an external file (which its runtime
+    resolves against the model's folder, so it must load from the path)."""
+    onnx = require(ONNX, "onnx")
+    try:
+        model = onnx.ModelProto.FromString(data)
+        return any(t.data_location == _EXTERNAL or len(t.external_data)
+                   for t in _onnx_tensors(model.graph))
+    except Exception:  # not parsed: the runtime says why as it loads the bytes
+        return False
