@@ -116,6 +116,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                         f"read and write local files)")
     prepare_process(os.environ, cpp_log_level=CPP_LOG_LEVEL)  # before TensorFlow loads
     logs.import_tensorflow_quietly()  # tf2onnx imports it too
+    logs.setup_logging(verbose=False)  # TensorFlow's deprecation notices (record counting)
     for runtime in dict.fromkeys(f.runtime for f in chosen):  # what is missing, before work
         formats.require(runtime)
         if runtime == formats.ONNX:
