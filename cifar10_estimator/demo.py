@@ -2,7 +2,9 @@
 
 Makes the synthetic sample dataset and its TFRecords (unless already there), trains a ResNet-20
 on the CPU, evaluates it, exports the SavedModel and classifies a few held-out images written
-as PNG files, the way a user would with their own pictures. Every step is the public command
+as PNG files, the way a user would with their own pictures; where LiteRT or ONNX Runtime is
+installed (the ``litert`` and ``onnx`` extras), it converts the export to an int8 file, gated by
+its eval accuracy, and classifies the same pictures with it. Every step is the public command
 line of the package, so the demo shows exactly what a user would type.
 
 The run is sized to finish within 5 minutes on the slower kind of machine this project runs on
@@ -128,11 +130,65 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     print("python -m cifar10_estimator.predict --saved-model " + saved_model + " " +
           " ".join(images), flush=True)
     status = predict.main(["--saved-model", saved_model, *images])
+    converted = None
+    if not status:
+        converted = _int8_file(stages, saved_model, data_dir, images)
     print(f"\n{stages.summary()}")
     shown = "not evaluated" if accuracy is None else f"{accuracy:.2%}"
     print(f"eval accuracy of ResNet-20 after {args.train_steps} steps: {shown} "
           f"(SavedModel: {saved_model})")
+    if converted:
+        print(converted)
     return status
+
+
+def _int8_runtime() -> Optional[str]:
+    """The int8 format the demo converts to: LiteRT's where its interpreter is installed, else
+    ONNX Runtime's where it and tf2onnx are; None without either (the extras install them)."""
+    import importlib.util
+
+    from cifar10_estimator.serving import formats
+
+    def installed(*modules: str) -> bool:
+        return all(importlib.util.find_spec(m.split(".")[0]) for m in modules)
+
+    if installed(formats.MODULES[formats.LITERT]):
+        return "litert-int8"
+    if installed(formats.MODULES[formats.ONNX], "tf2onnx"):
+        return "onnx-int8"
+    return None
+
+
+def _int8_file(stages: _Stages, saved_model: str, data_dir: str,
+               images: list[str]) -> Optional[str]:
+    """Stage 4 where a runtime is installed: the export as an int8 file (converted once, gated
+    by its eval accuracy), classifying the same pictures; returns the closing line about it."""
+    from cifar10_estimator import convert, predict
+    from cifar10_estimator.serving import formats
+
+    key = _int8_runtime()
+    if key is None:
+        print("\n(LiteRT and ONNX Runtime are not installed: pip install -e '.[litert,onnx]' "
+              "and the demo also converts its export to an int8 file)")
+        return None
+    fmt = formats.FORMATS[key]
+    stages.begin(f"4. convert the export to {fmt.runtime} int8 and classify the same images")
+    path = os.path.join(formats.converted_dir(saved_model), fmt.file_name)
+    entry = formats.manifest_entry(path)
+    if entry:
+        print(f"already converted: {path}")
+    else:
+        flags = [saved_model, "--data-dir", data_dir, "--formats", key]
+        print("python -m cifar10_estimator.convert " + " ".join(flags), flush=True)
+        if convert.main(flags):
+            return f"{fmt.runtime} int8: not kept (the accuracy gate above says why)"
+        entry = formats.manifest_entry(path)
+    print(f"python -m cifar10_estimator.predict --model {path} " + " ".join(images), flush=True)
+    if predict.main(["--model", path, *images]):
+        return None
+    return (f"eval accuracy of the {fmt.runtime} int8 file: {entry['accuracy']:.2%}, "
+            f"{entry['delta_points']:+.2f} points against the SavedModel, "
+            f"{entry['bytes']:,} bytes ({path})")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
