@@ -87,7 +87,8 @@ def test_the_layers_exist_and_commands_sit_on_top():
     # A foundation may be a package too (storage/): its modules stay in layer 0.
     packages = {m.split(".")[1] for m in MODULES if m.count(".") >= 2} - set(FOUNDATIONS)
     assert packages == set(SUBPACKAGES)
-    for command in ("train", "generate", "predict", "demo", "cluster", "__main__"):
+    for command in ("train", "generate", "predict", "evaluate", "convert", "demo", "cluster",
+                    "sweep", "__main__"):
         assert f"{PACKAGE}.{command}" in MODULES
 
 
