@@ -140,7 +140,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
                         f"{args.data_dir} {info.num_classes}; pass the records it was trained "
                         f"on")
     names = client.class_names(export, num_classes)
-    graph = conversion.float32_graph(export)
+    graph = conversion.float32_graph(signature)
     calibration = None
     if any(f.calibrated for f in chosen):
         metadata.verify_split(args.data_dir, CALIBRATION_SPLIT)

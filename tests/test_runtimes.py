@@ -169,9 +169,9 @@ def test_every_network_and_precision_converts_to_float32_files_that_agree(
     # graph holds no bfloat16, and the files compute what the SavedModel computes, to bf16's
     # precision.
     export_dir = _variant_export(tmp_path / "export", ModelParams(**fields), dtype)
-    graph = conversion.float32_graph(export_dir)
-    assert not [n.name for n in graph.graph_def.node if "bfloat16" in str(n.attr)]
     _, signature = client.load_model(export_dir)
+    graph = conversion.float32_graph(signature)
+    assert not [n.name for n in graph.graph_def.node if "bfloat16" in str(n.attr)]
     expected = signature(images=tf.constant(PICTURES))["probabilities"].numpy()
     tolerance = 2e-2 if dtype == "bfloat16" else 1e-4
     for key in ("litert-float32", "onnx-float32"):

@@ -36,7 +36,6 @@ import tensorflow as tf
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.serving import formats
 from cifar10_estimator.serving.formats import LITERT, ONNX, Format
-from cifar10_estimator.serving.signatures import IMAGES_SIGNATURE
 
 # ONNX opset 17 (ONNX 1.12, 2022): every op the network needs, and what ONNX Runtime 1.14 and
 # later run with their full CPU kernels; tf2onnx 1.17's default is 15.
@@ -52,6 +51,7 @@ class Float32Graph:
         self.graph_def = graph_def
         self.input_tensor = input_tensor
         self.output_tensor = output_tensor
+        self.onnx_float32 = None  # the ONNX model, once converted (``convert``)
 
         def imported():
             tf.compat.v1.import_graph_def(graph_def, name="")
@@ -84,13 +84,12 @@ def _to_float32(graph_def) -> int:
     return casts
 
 
-def float32_graph(export_dir: str) -> Float32Graph:
-    """The network of the export at ``export_dir`` (already checked or trusted by the caller) as
-    a frozen float32 graph from ``images`` to ``probabilities``."""
+def float32_graph(signature) -> Float32Graph:
+    """The network behind an export's ``serving_default`` signature (``client.load_model``'s,
+    which checks the export first) as a frozen float32 graph from ``images`` to
+    ``probabilities``."""
     from tensorflow.python.framework.convert_to_constants import (  # not in the public API
         convert_variables_to_constants_v2)
-
-    signature = tf.saved_model.load(export_dir).signatures[IMAGES_SIGNATURE]
 
     @tf.function(input_signature=[tf.TensorSpec([None, 32, 32, 3], tf.float32,
                                                 name=INPUT_NAME)], autograph=False)
@@ -202,7 +201,9 @@ def convert(graph: Float32Graph, fmt: Format, calibration: Optional[np.ndarray] 
         raise UserError(f"{fmt.key} needs calibration pictures")
     if fmt.runtime == LITERT:
         return to_litert(graph, fmt.precision, calibration)
-    model = _onnx_float32(graph)
+    if graph.onnx_float32 is None:  # converted once for both ONNX formats
+        graph.onnx_float32 = _onnx_float32(graph)
+    model = graph.onnx_float32
     if fmt.precision == "int8":
         return _onnx_int8(model, calibration)
     return model.SerializeToString()

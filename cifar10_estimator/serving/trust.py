@@ -53,9 +53,10 @@ SAVED_MODEL_FILE = "saved_model.pb"
 # The flag of the commands that load an export (predict, evaluate) that skips the check, named
 # in its refusals, and its help.
 TRUST_FLAG = "--trust-export"
-TRUST_HELP = ("load the SavedModel without checking that it holds only what this package's "
-              "exports hold (no op that reads or writes files or calls Python, no init op "
-              "that does work): a SavedModel is a program, so only if you trust its source "
+TRUST_HELP = ("load the SavedModel, or .tflite or .onnx file, without checking that it holds "
+              "only what this package's exports hold (no op that reads or writes files or "
+              "calls Python, no init op that does work, no custom op, no data outside its "
+              "folder): a model is a program, so only if you trust its source "
               "(docs/serving.md)")
 # The largest saved_model.pb parsed. An export holds its weights as constants, about 4.2 bytes a
 # weight (ResNet-110's 1,736,058 weights and batch-norm statistics: 7,304,744 bytes; the
