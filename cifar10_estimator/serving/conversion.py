@@ -22,7 +22,13 @@ checkpoint holds.
 - ONNX: ``tf2onnx`` at ``ONNX_OPSET``, the input and output renamed ``images`` and
   ``probabilities``; ``int8`` is ONNX Runtime's static quantization in the QDQ format
   (QuantizeLinear/DequantizeLinear pairs, ONNX's own ops), int8 weights per channel and int8
-  activations, calibrated on the given pictures (MinMax).
+  activations, each activation's range set by the 99.999th percentile of its values over the
+  calibration pictures (``CalibrationMethod.Percentile`` at ONNX Runtime's default), not by
+  their extremes: Wu et al. 2020 (arXiv:2004.09602) found percentile calibration at least as
+  good as max calibration on every CNN they quantized, and here, on a Fashion-MNIST ResNet-20
+  with the fast recipe's whitening layer (whose outputs have rare large values), MinMax lost
+  2.4 points on 3,000 test pictures and the percentile 0.1 (docs/performance.md). LiteRT's
+  converter calibrates by the extremes only.
 """
 
 import logging
@@ -179,7 +185,8 @@ def _onnx_int8(model, calibration: np.ndarray) -> bytes:
             quantization.quantize_static(
                 source, target, Pictures(), quant_format=quantization.QuantFormat.QDQ,
                 per_channel=True, activation_type=quantization.QuantType.QInt8,
-                weight_type=quantization.QuantType.QInt8)
+                weight_type=quantization.QuantType.QInt8,
+                calibrate_method=quantization.CalibrationMethod.Percentile)
         except Exception as e:
             raise _failed(ONNX, "int8", e) from None
         onnx = formats.require(ONNX, "onnx")
