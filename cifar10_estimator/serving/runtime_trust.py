@@ -15,7 +15,12 @@ format has ways out of its runtime's own ops:
 ``check_model_file`` reads the file's bytes (LiteRT's flatbuffer through the schema module that
 ``ai-edge-litert`` ships, ONNX's protobuf through ``onnx``; parsing runs nothing) and refuses,
 in one line naming the file and what it found: a file over ``MAX_MODEL_FILE_BYTES``; a LiteRT
-file with a custom or Flex op, or more operator codes or subgraphs than a classifier has; an ONNX
+file with a custom or Flex op, more operator codes, subgraphs, tensors or operators than a
+classifier has, tensors whose declared shapes take more memory than ``MAX_TENSOR_BYTES`` each or
+``MAX_DECLARED_BYTES`` in all, an operator output that is no tensor, or a quantization scale
+that is not a positive normal number or zero point outside its type, or an elementwise,
+activation, pooling or shape operator whose inputs and output differ in type (each of which
+made LiteRT take 16 GB or crash the process); an ONNX
 file with a node outside the ONNX domain (in the graph or any subgraph of If, Loop or Scan), a
 model-local function, or external data anywhere but a regular file inside the model's folder.
 Both runtimes verify the rest of the structure themselves as they load (LiteRT's flatbuffer
@@ -39,6 +44,21 @@ MAX_MODEL_FILE_BYTES = 256 << 20
 # one of ours, and the bounds keep the walk below short on a hostile file.
 MAX_OPERATOR_CODES = 1024
 MAX_SUBGRAPHS = 64
+# The tensors a LiteRT file declares, and the memory their declared shapes take: LiteRT's
+# XNNPACK delegate plans memory for the shapes the file declares before it resizes them, so a
+# 4 KB file declaring a [1, 33554464, 32, 16] activation made the process take 16 GB (in 30 s)
+# as it allocated (the fuzzing campaign, litert-file). Our ResNet-20 file declares 86 tensors
+# and 2.3 MiB at batch 1 (ResNet-1202: about 5,000 and 140 MiB).
+MAX_TENSORS = 1 << 18
+MAX_OPERATORS = 1 << 18  # ResNet-20's file has 34 operators (ResNet-1202: about 2,500)
+MAX_TENSOR_BYTES = 1 << 28  # one tensor: 256 MiB ([1, 32, 32, 64] float32 is 256 KiB)
+MAX_DECLARED_BYTES = 1 << 31  # all tensors of all subgraphs: 2 GiB
+# The values LiteRT's quantized integer types hold (TensorType: INT8, UINT8, INT16, UINT16,
+# INT4), which their zero points must be among.
+_LITERT_RANGES = {9: (-128, 127), 3: (0, 255), 7: (-32768, 32767), 16: (0, 65535), 17: (-8, 7)}
+# Bytes per element of LiteRT's TensorType values (schema.fbs); others count 1 (int4, string).
+_LITERT_ITEMSIZE = {0: 4, 1: 2, 2: 4, 3: 1, 4: 8, 6: 1, 7: 2, 8: 8, 9: 1, 10: 8, 11: 16, 12: 8,
+                    15: 4, 16: 2, 18: 2}
 # ONNX Runtime's own ops are the ONNX domain's, named "" or "ai.onnx" (onnx/defs/schema.h).
 ONNX_DOMAINS = ("", "ai.onnx")
 # How deep an ONNX graph may nest subgraphs (If, Loop, Scan bodies), and how many nodes in all
@@ -93,20 +113,136 @@ def _check_litert(path: str, data: bytes) -> None:
         if codes > MAX_OPERATOR_CODES or subgraphs > MAX_SUBGRAPHS:
             raise UserError(f"{path} names {codes:,} operator codes in {subgraphs:,} subgraphs, "
                             f"more than a LiteRT classifier has")
+        builtins = []
         for i in range(codes):
             code = model.OperatorCodes(i)
             # builtin_code replaced deprecated_builtin_code (int8) at 127 operators; a file
             # carries the larger of the two (schema.fbs, "OperatorCode").
             builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+            builtins.append(builtin)
             name = (code.CustomCode() or b"").decode("utf-8", "replace")
             if name.startswith("Flex"):
                 raise _refuse(path, f"runs the TF Select (Flex) op {name[4:]!r}")
             if builtin == custom or name:
                 raise _refuse(path, f"runs the custom op {name!r}")
+        _check_litert_tensors(path, model, subgraphs, builtins, schema)
     except UserError:
         raise
     except Exception:  # an offset past the end: what the runtime's verifier would refuse
         raise UserError(f"{path} is not a valid LiteRT model (its flatbuffer is damaged)") from None
+
+
+# LiteRT's kernels of these ops compute in their first input's type and write their output
+# in it without checking that it is the output's type (SOFTMAX's float32 kernel wrote an int8
+# output 4 bytes an element: a heap overflow, "free(): invalid pointer"): their inputs (all of
+# them for the ops of several data inputs, the first for the others) and output share a type,
+# but for int8 SOFTMAX to int16, which LiteRT runs.
+_SAME_TYPE_ALL = ("ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE",
+                  "CONCATENATION")
+_SAME_TYPE_FIRST = ("SOFTMAX", "LOG_SOFTMAX", "LOGISTIC", "TANH", "RELU", "RELU6",
+                    "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "HARD_SWISH", "PRELU", "ELU",
+                    "ABS", "NEG", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "MEAN", "SUM",
+                    "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "AVERAGE_POOL_2D",
+                    "MAX_POOL_2D", "L2_POOL_2D", "PAD", "PADV2", "MIRROR_PAD", "RESHAPE",
+                    "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "TILE",
+                    "BROADCAST_TO", "SPACE_TO_DEPTH", "DEPTH_TO_SPACE", "L2_NORMALIZATION")
+
+
+def _check_operator_types(path: str, graph, builtins: list, types: list, schema) -> None:
+    """Refuses an operator of ``_SAME_TYPE_ALL`` or ``_SAME_TYPE_FIRST`` whose inputs and
+    output differ in type (see there)."""
+    import numpy as np
+
+    ops = schema.BuiltinOperator
+    every = {getattr(ops, n) for n in _SAME_TYPE_ALL if hasattr(ops, n)}
+    first = {getattr(ops, n) for n in _SAME_TYPE_FIRST if hasattr(ops, n)}
+    names = {getattr(ops, n): n for n in _SAME_TYPE_ALL + _SAME_TYPE_FIRST if hasattr(ops, n)}
+    for i in range(graph.OperatorsLength()):
+        operator = graph.Operators(i)
+        index = operator.OpcodeIndex()
+        builtin = builtins[index] if index < len(builtins) else None
+        if builtin not in every and builtin not in first:
+            continue
+        inputs, outputs = operator.InputsAsNumpy(), operator.OutputsAsNumpy()
+        if (not isinstance(inputs, np.ndarray) or not isinstance(outputs, np.ndarray)
+                or not len(outputs)):
+            continue
+        inputs = [int(t) for t in (inputs if builtin in every else inputs[:1])
+                  if 0 <= t < len(types)]
+        found = {types[t] for t in inputs} | {types[int(outputs[0])]}
+        if len(found) > 1 and not (builtin == ops.SOFTMAX and found == {9, 7}):  # int8, int16
+            raise UserError(f"{path} has a {names[builtin]} operator whose inputs and output "
+                            f"differ in type ({sorted(found)}; its flatbuffer is damaged)")
+
+
+def _check_litert_tensors(path: str, model, subgraphs: int, builtins: list, schema) -> None:
+    """Refuses a LiteRT model whose tensors, as declared (shape and shape signature, a free
+    dimension counted 1), take more than MAX_TENSOR_BYTES each or MAX_DECLARED_BYTES in all,
+    that declares more than MAX_TENSORS tensors or MAX_OPERATORS operators, whose operator
+    writes an output that is no tensor (-1, LiteRT's "optional", crashed the process in the
+    DEQUANTIZE kernel as it prepared), or that quantizes a tensor with a scale that is not a
+    positive normal float32 (0, negative, subnormal, NaN or infinite) or a zero point its type
+    cannot hold (int8: -128..127): the XNNPACK delegate crashed the process on either, for a
+    QUANTIZE output, as it allocated. The converter's scales are positive and normal and its
+    zero points in range, as LiteRT's quantization spec asks. Then each operator's types
+    (``_check_operator_types``)."""
+    import numpy as np
+
+    tensors, operators, declared = 0, 0, 0.0
+    for g in range(subgraphs):
+        graph = model.Subgraphs(g)
+        count = graph.TensorsLength()
+        tensors += count
+        operators += graph.OperatorsLength()
+        if tensors > MAX_TENSORS or operators > MAX_OPERATORS:
+            raise UserError(f"{path} declares {tensors:,} tensors and {operators:,} operators, "
+                            f"more than the {MAX_TENSORS:,} and {MAX_OPERATORS:,} a LiteRT "
+                            f"classifier has")
+        for i in range(graph.OperatorsLength()):
+            outputs = graph.Operators(i).OutputsAsNumpy()
+            if isinstance(outputs, np.ndarray) and len(outputs) and (
+                    outputs.min() < 0 or outputs.max() >= count):
+                raise UserError(f"{path} has an operator whose outputs {outputs.tolist()[:8]} "
+                                f"are not all tensors of its {count:,} (its flatbuffer is "
+                                f"damaged)")
+        types = []
+        for i in range(count):
+            tensor = graph.Tensors(i)
+            types.append(tensor.Type())
+            largest = 0.0
+            for shape in (tensor.ShapeAsNumpy(), tensor.ShapeSignatureAsNumpy()):
+                if isinstance(shape, np.ndarray):  # 0 where the file has none
+                    largest = max(largest, float(np.prod(np.maximum(shape, 1),
+                                                         dtype=np.float64)))
+            size = largest * _LITERT_ITEMSIZE.get(tensor.Type(), 1)
+            declared += size
+            if size > MAX_TENSOR_BYTES or declared > MAX_DECLARED_BYTES:
+                raise UserError(f"{path} declares tensors of {declared:,.0f} bytes "
+                                f"({_tensor_name(tensor)}: {size:,.0f}), more than the "
+                                f"{MAX_TENSOR_BYTES:,} a tensor and {MAX_DECLARED_BYTES:,} all "
+                                f"tensors of a LiteRT classifier take")
+            quantization = tensor.Quantization()
+            scales = quantization.ScaleAsNumpy() if quantization is not None else 0
+            if isinstance(scales, np.ndarray) and not np.all(
+                    np.isfinite(scales) & (scales >= np.finfo(np.float32).tiny)):
+                bad = next(float(s) for s in scales
+                           if not (np.isfinite(s) and s >= np.finfo(np.float32).tiny))
+                raise UserError(f"{path} quantizes the tensor {_tensor_name(tensor)} with the "
+                                f"scale {bad!r}, not a positive normal number (its flatbuffer "
+                                f"is damaged)")
+            zero_points = quantization.ZeroPointAsNumpy() if quantization is not None else 0
+            low, high = _LITERT_RANGES.get(tensor.Type(), (-2 ** 63, 2 ** 63 - 1))
+            if isinstance(zero_points, np.ndarray) and len(zero_points) and (
+                    zero_points.min() < low or zero_points.max() > high):
+                bad = next(int(z) for z in zero_points if not low <= z <= high)
+                raise UserError(f"{path} quantizes the tensor {_tensor_name(tensor)} with the "
+                                f"zero point {bad}, outside its type's {low}..{high} (its "
+                                f"flatbuffer is damaged)")
+        _check_operator_types(path, graph, builtins, types, schema)
+
+
+def _tensor_name(tensor) -> str:
+    return repr((tensor.Name() or b"").decode("utf-8", "replace")[:100])
 
 
 def _onnx_nodes(graph, depth: int = 0) -> Iterator:

@@ -4,8 +4,9 @@ names its kinds (``KINDS``), and ``harness`` holds the property they all must ke
 import importlib
 
 # The modules of kinds, in the order data flows: the downloaded data, users' pictures, the
-# records and settings the trainer reads, the export and the requests it serves.
-MODULES = ("data_files", "pictures", "config_files", "serving")
+# records and settings the trainer reads, the export and the requests it serves, and the
+# LiteRT and ONNX files converted from it.
+MODULES = ("data_files", "pictures", "config_files", "serving", "model_files")
 
 
 def all_kinds() -> list:
