@@ -24,6 +24,7 @@ from cifar10_estimator.errors import UserError  # noqa: E402
 from cifar10_estimator.model.model_fn import ModelSettings  # noqa: E402
 from cifar10_estimator.serving import client, conversion, export, formats, runtimes  # noqa: E402
 from cifar10_estimator.serving.formats import FORMATS  # noqa: E402
+from test_export_trust import our_exports  # noqa: E402,F401  (the exports of every variant)
 from trainer_fixtures import run_module  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -40,9 +41,12 @@ def _convert(export_dir, data_dir, *flags, cwd=None):
 
 @pytest.fixture(scope="module")
 def converted(tiny_export, tiny_records, tmp_path_factory):
-    """The suite's tiny export with every format converted by the command (its output kept)."""
+    """The suite's tiny export with every format converted by the command (its output kept).
+    Every file is kept: the tiny model (3 steps) and its 37 eval pictures make the int8
+    files' accuracy a matter of one or two pictures, which the gate's own test covers."""
     data_dir, _ = tiny_records
-    proc = _convert(tiny_export, data_dir, "--calibration-pictures", "32")
+    proc = _convert(tiny_export, data_dir, "--calibration-pictures", "32",
+                    "--max-accuracy-drop", "100")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return tiny_export, proc.stdout
 
@@ -60,8 +64,11 @@ def test_convert_writes_every_format_with_a_manifest_and_a_table(converted):
         assert entry["sha256"] == hashlib.sha256(data).hexdigest()
         assert entry["bytes"] == len(data) and entry["class_names"] == names
         assert entry["input"]["shape"] == [None, 32, 32, 3]
-        assert -0.5 <= entry["delta_points"] and 0 <= entry["agreement"] <= 1
+        assert 0 <= entry["accuracy"] <= 1 and 0 <= entry["agreement"] <= 1
+        assert entry["delta_points"] == pytest.approx(
+            (entry["accuracy"] - manifest["savedmodel_accuracy"]) * 100, abs=1e-3)
         assert entry["format"] in out and entry["file"] in out
+    assert manifest["max_accuracy_drop_points"] == 100
     assert manifest["pictures"] == 37 and manifest["calibration"] == {
         "split": "train", "pictures": 32}
     assert "tensorflow" in manifest["versions"] and "onnxruntime" in manifest["versions"]
@@ -109,7 +116,8 @@ def _copy(export_dir: str, tmp_path) -> str:
     suite's own)."""
     import shutil
 
-    return shutil.copytree(export_dir, str(tmp_path / "export" / os.path.basename(export_dir)))
+    return shutil.copytree(export_dir, str(tmp_path / "export" / os.path.basename(export_dir)),
+                           ignore=shutil.ignore_patterns(formats.CONVERTED_DIR))
 
 
 def test_the_gate_refuses_a_file_that_loses_accuracy_and_keeps_the_others(
@@ -314,3 +322,44 @@ def test_predict_refuses_a_foreign_file_in_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "of the domain 'com.microsoft'" in lines[0], lines
+
+
+def test_the_op_allow_lists_are_the_ops_every_conversion_uses(our_exports):
+    # Every export variant of the SavedModel check's test (both networks, fp32 and bf16,
+    # test-time views, the whitening layer) in every format: the lists hold each op a
+    # conversion uses (else our own files would be refused), and none that no conversion uses
+    # (a list that grows by accident admits kernels no file of ours needs).
+    from ai_edge_litert import schema_py_generated as schema
+
+    from cifar10_estimator.serving import runtime_trust
+
+    names = {code: name for name, code in vars(schema.BuiltinOperator).items()
+             if not name.startswith("_")}
+    used = {formats.LITERT: set(), formats.ONNX: set()}
+    calibration = RNG.uniform(0, 255, (4, 32, 32, 3)).astype(np.float32)
+    for name, export_dir in our_exports.items():
+        _, signature = client.load_model(export_dir)
+        graph = conversion.float32_graph(signature)
+        for fmt in FORMATS.values():
+            data = conversion.convert(graph, fmt, calibration)
+            if fmt.runtime == formats.LITERT:
+                model = schema.Model.GetRootAs(data, 0)
+                codes = (model.OperatorCodes(i) for i in range(model.OperatorCodesLength()))
+                used[fmt.runtime] |= {names[max(c.BuiltinCode(), c.DeprecatedBuiltinCode())]
+                                      for c in codes}
+            else:
+                used[fmt.runtime] |= {n.op_type for n in
+                                      onnx.ModelProto.FromString(data).graph.node}
+    assert sorted(used[formats.LITERT]) == list(runtime_trust.LITERT_OPS)
+    assert sorted(used[formats.ONNX]) == list(runtime_trust.ONNX_OPS)
+
+
+def test_an_op_outside_the_allow_list_is_refused(tmp_path):
+    model = _onnx_model(tmp_path)
+    model.graph.node[-1].op_type = "Hardmax"  # an ONNX op, and the classifier's last
+    path = tmp_path / "hardmax.onnx"
+    path.write_bytes(model.SerializeToString())
+    _refused(str(path), "runs the ONNX op 'Hardmax'")
+    litert = _tflite(tmp_path, lambda images: tf.nn.softmax(tf.math.tanh(
+        tf.reduce_mean(images, [1, 2]))), "tanh.tflite")
+    _refused(litert, "runs the LiteRT op TANH")

@@ -14,15 +14,17 @@ format has ways out of its runtime's own ops:
 
 ``check_model_file`` reads the file's bytes (LiteRT's flatbuffer through the schema module that
 ``ai-edge-litert`` ships, ONNX's protobuf through ``onnx``; parsing runs nothing) and refuses,
-in one line naming the file and what it found: a file over ``MAX_MODEL_FILE_BYTES``; a LiteRT
-file with a custom or Flex op, more operator codes, subgraphs, tensors or operators than a
+in one line naming the file and what it found: a file over ``MAX_MODEL_FILE_BYTES``; an op
+outside the allow-list of its format (``LITERT_OPS``, ``ONNX_OPS``: the builtin ops the
+converters make of this package's exports); a LiteRT file with a custom or Flex op, more
+operator codes, subgraphs, tensors or operators than a
 classifier has, tensors whose declared shapes take more memory than ``MAX_TENSOR_BYTES`` each or
 ``MAX_DECLARED_BYTES`` in all, an operator output that is no tensor, or a quantization scale
 that is not a positive normal number or zero point outside its type, or an elementwise,
 activation, pooling or shape operator whose inputs and output differ in type (each of which
-made LiteRT take 16 GB or crash the process); an ONNX
-file with a node outside the ONNX domain (in the graph or any subgraph of If, Loop or Scan), a
-model-local function, or external data anywhere but a regular file inside the model's folder.
+made LiteRT take 16 GB or crash the process); an ONNX file with a node outside the ONNX
+domain (in the graph or any subgraph of If, Loop or Scan), a model-local function, or external
+data anywhere but a regular file inside the model's folder.
 Both runtimes verify the rest of the structure themselves as they load (LiteRT's flatbuffer
 verifier, ONNX Runtime's graph resolution and type inference); ``benchmarks/fuzz_campaign.py``
 feeds both damaged files and looks for a native crash.
@@ -59,6 +61,26 @@ _LITERT_RANGES = {9: (-128, 127), 3: (0, 255), 7: (-32768, 32767), 16: (0, 65535
 # Bytes per element of LiteRT's TensorType values (schema.fbs); others count 1 (int4, string).
 _LITERT_ITEMSIZE = {0: 4, 1: 2, 2: 4, 3: 1, 4: 8, 6: 1, 7: 2, 8: 8, 9: 1, 10: 8, 11: 16, 12: 8,
                     15: 4, 16: 2, 18: 2}
+# The builtin ops the converters make of this package's exports, the only ones a file may
+# use (as trust.SERVING_OPS for a SavedModel): derived from conversions of every export
+# variant tests/test_export_trust.py builds (both networks, fp32 and bf16, test-time views,
+# the whitening layer) in every format, the same on TensorFlow 2.15 and 2.21, and pinned by
+# tests/test_runtimes.py, which fails on an op a conversion uses that a list lacks. Fuzzing
+# found LiteRT kernels that trust what their inputs declare (a SOFTMAX writing float32 into an
+# int8 output); the fewer kernels a file can reach, the fewer such bugs it can.
+LITERT_OPS = (
+    "ADD", "AVERAGE_POOL_2D", "CONCATENATION", "CONV_2D", "DEQUANTIZE", "DIV",
+    "FULLY_CONNECTED", "LOCAL_RESPONSE_NORMALIZATION", "MAXIMUM", "MAX_POOL_2D", "MEAN",
+    "MIRROR_PAD", "MUL", "PACK", "PAD", "QUANTIZE", "RESHAPE", "REVERSE_V2", "SHAPE", "SLICE",
+    "SOFTMAX", "SQRT", "SQUARED_DIFFERENCE", "STRIDED_SLICE", "SUB",
+)
+ONNX_OPS = (
+    "Add", "AveragePool", "BatchNormalization", "Cast", "Concat", "Conv", "DequantizeLinear",
+    "Div", "Equal", "Expand", "Gather", "GlobalAveragePool", "LRN", "MatMul", "Max", "MaxPool",
+    "Mul", "Pad", "QuantizeLinear", "Reciprocal", "ReduceMean", "ReduceProd", "Relu", "Reshape",
+    "ReverseSequence", "Shape", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Transpose",
+    "Unsqueeze",
+)
 # ONNX Runtime's own ops are the ONNX domain's, named "" or "ai.onnx" (onnx/defs/schema.h).
 ONNX_DOMAINS = ("", "ai.onnx")
 # How deep an ONNX graph may nest subgraphs (If, Loop, Scan bodies), and how many nodes in all
@@ -99,6 +121,12 @@ def check_model_file(path: str, data: bytes) -> None:
         raise UserError(f"{path} is neither a .tflite nor an .onnx file")
 
 
+def _BUILTIN_NAMES(schema) -> dict:
+    """LiteRT's builtin operator codes -> names (``BuiltinOperator`` of the schema)."""
+    return {code: name for name, code in vars(schema.BuiltinOperator).items()
+            if not name.startswith("_")}
+
+
 def _check_litert(path: str, data: bytes) -> None:
     schema = require(LITERT, "ai_edge_litert.schema_py_generated")
 
@@ -125,6 +153,9 @@ def _check_litert(path: str, data: bytes) -> None:
                 raise _refuse(path, f"runs the TF Select (Flex) op {name[4:]!r}")
             if builtin == custom or name:
                 raise _refuse(path, f"runs the custom op {name!r}")
+            op = _BUILTIN_NAMES(schema).get(builtin, str(builtin))
+            if op not in LITERT_OPS:
+                raise _refuse(path, f"runs the LiteRT op {op}")
         _check_litert_tensors(path, model, subgraphs, builtins, schema)
     except UserError:
         raise
@@ -318,6 +349,11 @@ def _check_onnx(path: str, data: bytes) -> None:
         for tensor in _onnx_tensors(model.graph):
             if tensor.data_location == _EXTERNAL or len(tensor.external_data):
                 _check_external(path, tensor)
+        # The ONNX ops last: a file is refused for the way out it takes (a foreign op in an
+        # If's branch, a Constant's external data) before the op that holds it.
+        for node in _onnx_nodes(model.graph):
+            if node.op_type not in ONNX_OPS:
+                raise _refuse(path, f"runs the ONNX op {node.op_type!r}")
     except ValueError:
         raise UserError(f"{path} nests subgraphs more than {MAX_ONNX_DEPTH} deep, more than a "
                         f"classifier of this package does") from None

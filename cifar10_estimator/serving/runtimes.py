@@ -8,6 +8,8 @@ later), and checks that it is a classifier of 32x32 RGB pictures: one float32 in
 any size. ``predict`` and ``evaluate`` use it as they use a SavedModel.
 """
 
+import contextlib
+import io
 import os
 from typing import Optional
 
@@ -131,10 +133,12 @@ def _load_onnx(path: str, data: bytes, threads: Optional[int]) -> RuntimeModel:
     try:
         # From the checked bytes; external data, which the check allowed only inside the
         # model's folder, needs the folder to resolve its relative names.
-        if has_external_data(data):
-            session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        else:
-            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        # A session that fails to build is built again by ONNX Runtime's Python wrapper, which
+        # first prints why on stdout ("EP Error ... Falling back"), where predict --json
+        # writes its answers: the refusal below says why instead.
+        with contextlib.redirect_stdout(io.StringIO()):
+            session = ort.InferenceSession(path if has_external_data(data) else data, options,
+                                           providers=["CPUExecutionProvider"])
         inputs, outputs = session.get_inputs(), session.get_outputs()
     except Exception as e:  # ONNX Runtime's own error classes: Fail, InvalidGraph, ...
         raise _unusable(path, ONNX, e) from None
