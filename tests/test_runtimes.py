@@ -72,6 +72,9 @@ def test_convert_writes_every_format_with_a_manifest_and_a_table(converted):
     assert manifest["pictures"] == 37 and manifest["calibration"] == {
         "split": "train", "pictures": 32}
     assert "tensorflow" in manifest["versions"] and "onnxruntime" in manifest["versions"]
+    # Only the command's own lines: not the calibrator's progress nor a runtime's notices.
+    assert not [line for line in out.splitlines() if not line.startswith(
+        tuple(FORMATS) + ("eval split", "  ", "written: "))], out
     # int8 files are a fraction of the float32 ones (ResNet-8: about a third).
     sizes = {e["format"]: e["bytes"] for e in manifest["files"]}
     assert sizes["litert-int8"] < sizes["litert-float32"] / 2

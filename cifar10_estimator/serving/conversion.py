@@ -31,6 +31,8 @@ checkpoint holds.
   converter calibrates by the extremes only.
 """
 
+import contextlib
+import io
 import logging
 import os
 import tempfile
@@ -182,11 +184,14 @@ def _onnx_int8(model, calibration: np.ndarray) -> bytes:
         with open(source, "wb") as f:
             f.write(model.SerializeToString())
         try:
-            quantization.quantize_static(
-                source, target, Pictures(), quant_format=quantization.QuantFormat.QDQ,
-                per_channel=True, activation_type=quantization.QuantType.QInt8,
-                weight_type=quantization.QuantType.QInt8,
-                calibrate_method=quantization.CalibrationMethod.Percentile)
+            # The percentile calibrator prints its progress on stdout, where the command's
+            # table goes.
+            with contextlib.redirect_stdout(io.StringIO()):
+                quantization.quantize_static(
+                    source, target, Pictures(), quant_format=quantization.QuantFormat.QDQ,
+                    per_channel=True, activation_type=quantization.QuantType.QInt8,
+                    weight_type=quantization.QuantType.QInt8,
+                    calibrate_method=quantization.CalibrationMethod.Percentile)
         except Exception as e:
             raise _failed(ONNX, "int8", e) from None
         onnx = formats.require(ONNX, "onnx")
