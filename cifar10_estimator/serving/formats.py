@@ -13,7 +13,7 @@ files and ignores the folder.
 | ``litert-dynamic-int8`` | ``model-dynamic-int8.tflite`` | LiteRT | int8 weights, float32 activations (dynamic-range quantization) |
 | ``litert-int8`` | ``model-int8.tflite`` | LiteRT | int8 weights and activations (full-integer), float32 input and output |
 | ``onnx-float32`` | ``model-float32.onnx`` | ONNX Runtime | float32 weights and arithmetic |
-| ``onnx-int8`` | ``model-int8.onnx`` | ONNX Runtime | int8 weights and activations as QuantizeLinear/DequantizeLinear pairs (QDQ) |
+| ``onnx-int8`` | ``model-int8.onnx`` | ONNX Runtime | int8 weights, uint8 activations, as QuantizeLinear/DequantizeLinear pairs (QDQ) |
 
 Every file takes ``images``, float32 [N, 32, 32, 3] RGB in 0..255 (the SavedModel's
 ``serving_default`` input), and gives the class probabilities, float32 [N, C].
