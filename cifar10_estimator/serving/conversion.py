@@ -22,16 +22,18 @@ checkpoint holds.
 - ONNX: ``tf2onnx`` at ``ONNX_OPSET``, the input and output renamed ``images`` and
   ``probabilities``; ``int8`` is ONNX Runtime's static quantization in the QDQ format
   (QuantizeLinear/DequantizeLinear pairs, ONNX's own ops), int8 weights per channel and uint8
-  activations (ONNX Runtime's x86 kernels multiply uint8 by int8 with VPMADDUBSW and VNNI, the
-  combination its quantization guide recommends there: measured on a Zen 5, uint8 activations
-  served 4,220 pictures/s at batch 256 on one thread, int8 activations 1,618 and float32 2,067,
-  at the same accuracy), each activation's range set by the 99.999th percentile of its values over the
-  calibration pictures (``CalibrationMethod.Percentile`` at ONNX Runtime's default), not by
-  their extremes: Wu et al. 2020 (arXiv:2004.09602) found percentile calibration at least as
-  good as max calibration on every CNN they quantized, and here, on a Fashion-MNIST ResNet-20
-  with the fast recipe's whitening layer (whose outputs have rare large values), MinMax lost
-  2.4 points on 3,000 test pictures and the percentile 0.1 (docs/performance.md). LiteRT's
-  converter calibrates by the extremes only.
+  activations: x86's byte dot products (AVX2's VPMADDUBSW, AVX512-VNNI's VPDPBUSD) multiply
+  unsigned by signed bytes, and on a Zen 5 uint8 activations served 4,220 pictures/s at batch
+  256 on one thread, int8 activations 1,618 and float32 2,067, at the same accuracy. Without
+  VNNI, VPMADDUBSW adds pairs of products in 16 bits, which can saturate: the gate measures the
+  file on the converting machine's kernels, so convert (or ``cifar10-evaluate`` the file) on the
+  kind of CPU that serves it. Each activation's range set by the 99.999th percentile of its values
+  over the calibration pictures (``CalibrationMethod.Percentile`` at ONNX Runtime's default),
+  not by their extremes. Wu et al. 2020 (arXiv:2004.09602) compare max, entropy and percentile
+  calibration and turn to percentile or entropy where max loses accuracy; here, on a
+  Fashion-MNIST ResNet-20 with the fast recipe's whitening layer (whose outputs have rare large
+  values), the extremes lost 6.07 points of the float32 file's accuracy and the percentile 0.02
+  (docs/serving.md). LiteRT's converter calibrates by the extremes only.
 """
 
 import contextlib

@@ -126,8 +126,8 @@ def parse_formats(text: str) -> list[Format]:
         return list(FORMATS.values())
     unknown = [k for k in keys if k not in FORMATS]
     if unknown or not keys:
-        raise UserError(f"--formats {text!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'};"
-                        f" choose from all, {', '.join(FORMATS)}")
+        what = "unknown " + ", ".join(unknown) if unknown else "empty"
+        raise UserError(f"--formats {text!r}: {what}; choose from all, {', '.join(FORMATS)}")
     return [f for f in FORMATS.values() if f.key in keys]
 
 
