@@ -26,8 +26,8 @@ from cifar10_estimator.serving.trust import TRUST_FLAG
 MODULE = "cifar10_estimator.convert"
 CPP_LOG_LEVEL = "3"  # TensorFlow's C++ log: none (the converters' notices bury the table)
 # Pictures from the training records that calibrate the int8 files: TensorFlow's guide to
-# post-training integer quantization suggests a representative dataset of about 100 to 500
-# samples; 500 measured within 0.1 points of 2,000 (docs/serving.md).
+# post-training integer quantization finds about 100 to 500 samples enough for a
+# representative dataset; the larger end, at a few seconds of calibration.
 CALIBRATION_PICTURES = 500
 # Points of eval accuracy a converted file may lose against its SavedModel (issue 66's default).
 MAX_ACCURACY_DROP = 0.5
@@ -121,8 +121,6 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         formats.require(runtime)
         if runtime == formats.ONNX:
             formats.require(runtime, "tf2onnx")
-    import numpy as np
-
     from cifar10_estimator.data import metadata
     from cifar10_estimator.data.pipeline import Cifar10DataSet
     from cifar10_estimator.evaluation import gate
