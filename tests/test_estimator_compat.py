@@ -76,6 +76,9 @@ def test_every_private_tensorflow_import_of_the_package_resolves():
         "tensorflow.python.saved_model",              # fingerprinting_utils
         "tensorflow.python.distribute",               # the distribute coordinator
         "tensorflow.python.training",                 # server_lib.ClusterSpec
+        # convert_variables_to_constants_v2: an export's network as one flat graph, for the
+        # LiteRT and ONNX converters (serving/conversion.py; TF 2.15 to 2.21 all have it).
+        "tensorflow.python.framework.convert_to_constants",
     }
     assert not _unresolved(imports)
 
