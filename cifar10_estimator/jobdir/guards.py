@@ -74,6 +74,9 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
         message = getattr(e, "message", str(e))
         if NAN_LOSS_MESSAGE not in message and not isinstance(
                 e, tf.compat.v1.train.NanLossDuringTrainingError):
+            # A store gone during a save fails MergeV2Checkpoints with this error (a shard
+            # NOT_FOUND), not a connection error: one line too, as for any other op's error.
+            _raise_if_unreachable(job_dir)
             raise
         latest = tf.train.latest_checkpoint(job_dir)
         kept = f"the last good checkpoint, {latest}, is kept" if latest else "no checkpoint"
