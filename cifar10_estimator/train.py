@@ -9,7 +9,7 @@ SIGTERM and SIGINT handled as a preemption (``training.preemption``: save, exit 
 one-line errors with exit status 2 for user mistakes (``errors.run_cli``, in ``main``), and
 the environment read once: ``TF_CONFIG``, the engines' folders, and Vertex AI's
 hyperparameter-tuning variables, whose metric file gets the final evaluation's scalars
-(``distributed.hypertune``).
+(``engines``).
 
 ``run`` is what ``main`` runs and what another program calls (from any thread: Ray Train calls
 from a worker thread). It returns the result or raises, and undoes its set-up when it returns:
@@ -23,15 +23,14 @@ multi-worker strategy, TensorFlow's own SIGTERM handler (docs/training.md, "From
 import contextlib
 import logging
 import os
-import sys
 import time
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from cifar10_estimator import logs, storage
+from cifar10_estimator import engines, logs
 from cifar10_estimator.errors import entry_point, run_cli
-from cifar10_estimator.config import checks, engines, flags, overlays
+from cifar10_estimator.config import checks, flags, overlays
 from cifar10_estimator.config.fields import flag
-from cifar10_estimator.distributed import hypertune, tf_config
+from cifar10_estimator.distributed import tf_config
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process, restore_process
 
@@ -70,7 +69,7 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     tf_config_value = os.environ.get(TF_CONFIG_ENV)
     role = tf_config.parse(tf_config_value)
     # Vertex AI's hyperparameter tuning: where the trial's final figures go (hypertune).
-    tuning = (os.environ.get(hypertune.TRIAL_ID_ENV), os.environ.get(hypertune.METRIC_FILE_ENV))
+    tuning = (os.environ.get(engines.TRIAL_ID_ENV), os.environ.get(engines.METRIC_FILE_ENV))
     checks.validate(config, needs_data=role.task_type != "ps")
     tf_config.check_strategy(config, role)
     with contextlib.ExitStack() as undo:
@@ -130,50 +129,9 @@ def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack,
     if result.role != "ps":
         for line in summary.run_summary(config, result, time.monotonic() - started):
             log.info(line)
-    _report_to_ray_train(result)
-    _report_to_tuning(config, result, *tuning)
+    engines.report_to_ray_train(result)
+    engines.report_to_tuning(config.job_dir, result, *tuning)
     return result
-
-
-def _report_to_tuning(config, result, trial_id: Optional[str], metric_file: Optional[str]
-                      ) -> None:
-    """With ``CLOUD_ML_TRIAL_ID`` or ``CLOUD_ML_HP_METRIC_FILE`` set (a Vertex AI trial, or a
-    sweep's: docs/sweeps.md), the final evaluation's scalars to the metric file, by the task
-    that ran it; elsewhere nothing."""
-    if not hypertune.wanted(trial_id, metric_file) or not result.eval_metrics:
-        return
-    import tensorflow as tf
-
-    checkpoint = tf.train.latest_checkpoint(config.job_dir) or ""
-    path, tags = hypertune.write(metric_file, trial_id, result.eval_metrics, checkpoint)
-    per_class = [t for t in tags if t not in hypertune.WHOLE_SET_SCALARS]
-    log.info("reported %s%s to the hyperparameter-tuning metric file %s (trial %s)",
-             ", ".join(t for t in tags if t not in per_class),
-             f" and {len(per_class)} per-class accuracies" if per_class else "", path,
-             trial_id or 0)
-
-
-def _report_to_ray_train(result) -> None:
-    """Inside Ray Train's training function (``TensorflowTrainer``), hands the run's final
-    figures to Ray Train (``ray.train.report``, which every worker calls), with the export as
-    the chief's checkpoint where it is a local folder (Ray Train keeps a run's figures only
-    with a checkpoint, and copies it to its storage); elsewhere nothing."""
-    if "ray.train" not in sys.modules:  # Ray Train's worker has imported it
-        return
-    import ray.train
-
-    try:
-        ray.train.get_context()
-    except RuntimeError:  # not in a training function
-        return
-    figures = {name: float(value) for name, value in (result.eval_metrics or {}).items()
-               if isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0}
-    figures.update(steps_trained=result.steps_trained,
-                   exported=int(result.export_path is not None))
-    checkpoint = None
-    if result.export_path and not storage.is_url(result.export_path):
-        checkpoint = ray.train.Checkpoint.from_directory(result.export_path)
-    ray.train.report(figures, checkpoint=checkpoint)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -12,7 +12,7 @@ PACKAGE = "cifar10_estimator"
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PACKAGE)
 # Lower layers never import higher ones: the foundations, then the settings, then the
 # subpackages along the data's path, then the commands (docs/architecture.md).
-FOUNDATIONS = ("errors", "cli", "storage", "logs", "estimator_compat")
+FOUNDATIONS = ("errors", "cli", "storage", "logs", "estimator_compat", "engines")
 SUBPACKAGES = ("config", "data", "model", "serving", "platform", "jobdir", "distributed",
                "evaluation", "training")
 LAYERS = {**{name: 0 for name in FOUNDATIONS},

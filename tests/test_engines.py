@@ -113,7 +113,8 @@ def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_repor
 
 
 def test_the_engines_folders_are_defaults_under_the_flags_given():
-    from cifar10_estimator.config import engines, flags
+    from cifar10_estimator import engines
+    from cifar10_estimator.config import flags
 
     environ = {"SM_MODEL_DIR": "/opt/ml/model", "SM_CHANNEL_TRAINING": "/opt/ml/input/data/t",
                "AIP_MODEL_DIR": "gs://b/model", "AIP_CHECKPOINT_DIR": "gs://b/checkpoints"}

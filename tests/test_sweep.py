@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 
 from cifar10_estimator import sweep as command
-from cifar10_estimator.distributed import hypertune, sweep, sweep_hparams
+from cifar10_estimator import engines
+from cifar10_estimator.distributed import sweep, sweep_hparams
 from cifar10_estimator.errors import UserError
 from cluster_fixtures import tensorboard_server
 from trainer_fixtures import TINY_BATCHES, run_trainer, trainer_args, trainer_env, work_dir
@@ -240,7 +241,7 @@ def test_the_metric_file_is_cloudml_hypertunes_format_one_line_per_scalar(tmp_pa
     metrics = {"global_step": np.int64(400), "loss": np.float32(0.25), "accuracy": 0.875,
                "cross_entropy": 0.125, "per_class_accuracy/cat": 0.5,
                "confusion_matrix": np.zeros((2, 2)), "confusion_matrix_image": b"png"}
-    text = hypertune.lines("7", metrics, "job/model.ckpt-400", timestamp=1700000000.5)
+    text = engines.lines("7", metrics, "job/model.ckpt-400", timestamp=1700000000.5)
     rows = text.splitlines()
     # cloudml-hypertune 0.1.0.dev6: json.dumps(metric_body, sort_keys=True), the value and the
     # step as strings, the trial id as a string.
@@ -250,26 +251,26 @@ def test_the_metric_file_is_cloudml_hypertunes_format_one_line_per_scalar(tmp_pa
                                                         "timestamp", "trial")) for r in rows] \
         == ["accuracy", "cross_entropy", "loss", "per_class_accuracy/cat"]
     before = time.time()
-    default = json.loads(hypertune.lines(None, {"accuracy": 1.0}))
+    default = json.loads(engines.lines(None, {"accuracy": 1.0}))
     assert before <= default.pop("timestamp") <= time.time()
     assert default == {"accuracy": "1.0", "checkpoint_path": "", "global_step": "0",
                        "trial": "0"}
-    assert hypertune.read(text) == ({"accuracy": 0.875, "cross_entropy": 0.125, "loss": 0.25,
+    assert engines.read(text) == ({"accuracy": 0.875, "cross_entropy": 0.125, "loss": 0.25,
                                      "per_class_accuracy/cat": 0.5}, 400)
     # CIFAR-100's classes would pass the file's 100 lines: the whole set's scalars only.
     many = {"accuracy": 0.5, **{f"per_class_accuracy/c{i}": 0.5 for i in range(100)}}
-    assert list(hypertune.scalars(many)) == ["accuracy"]
-    path, tags = hypertune.write(str(tmp_path / "new" / "output.metrics"), "3", metrics)
+    assert list(engines.scalars(many)) == ["accuracy"]
+    path, tags = engines.write(str(tmp_path / "new" / "output.metrics"), "3", metrics)
     assert tags[:3] == ["accuracy", "cross_entropy", "loss"]
-    assert hypertune.read(open(path).read())[0]["loss"] == 0.25
+    assert engines.read(open(path).read())[0]["loss"] == 0.25
     assert os.listdir(tmp_path / "new") == ["output.metrics"]  # the temporary name is gone
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match=r"^the hyperparameter-tuning metric file .*"
                                         r"\(CLOUD_ML_HP_METRIC_FILE\) cannot be written"):
-        hypertune.write(str(tmp_path / "file" / "output.metrics"), "3", metrics)
+        engines.write(str(tmp_path / "file" / "output.metrics"), "3", metrics)
     with pytest.raises(ValueError, match="line 1 is not a metric line"):
-        hypertune.read('{"trial": "1"}\n')
-    assert hypertune.DEFAULT_METRIC_FILE == "/tmp/hypertune/output.metrics"
+        engines.read('{"trial": "1"}\n')
+    assert engines.DEFAULT_METRIC_FILE == "/tmp/hypertune/output.metrics"
 
 
 @pytest.mark.slow
@@ -286,7 +287,7 @@ def test_a_trainer_in_a_vertex_ai_trial_reports_its_final_scalars(tiny_records, 
     rows = [json.loads(line) for line in metric_file.read_text().splitlines()]
     assert {r["trial"] for r in rows} == {"12"} and {r["global_step"] for r in rows} == {"2"}
     assert {r["checkpoint_path"] for r in rows} == {str(tmp_path / "job" / "model.ckpt-2")}
-    metrics, _ = hypertune.read(metric_file.read_text())
+    metrics, _ = engines.read(metric_file.read_text())
     report = json.loads((tmp_path / "job" / "eval_report.json").read_text())
     assert metrics["accuracy"] == pytest.approx(report["accuracy"])
     assert {"cross_entropy", "loss", "per_class_accuracy/cat"} <= set(metrics)

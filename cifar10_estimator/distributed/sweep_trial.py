@@ -8,7 +8,7 @@
   environment, which Ray gives the trial's actor (``OMP_NUM_THREADS`` = the CPUs asked for),
   plus the driver's storage and TensorFlow variables and the two of Vertex AI's hypertune
   convention, through which the trainer hands back its final evaluation's scalars
-  (``hypertune``: ``CLOUD_ML_TRIAL_ID`` = the trial's name, ``CLOUD_ML_HP_METRIC_FILE`` = a
+  (``engines``: ``CLOUD_ML_TRIAL_ID`` = the trial's name, ``CLOUD_ML_HP_METRIC_FILE`` = a
   file in a temporary folder of the node). The trainer dies with its actor.
 - Its output goes to ``JOB/trial.log`` as it comes; for a job dir in a bucket, to a local file
   whose text goes to the driver with the result, and the driver writes it into the bucket: the
@@ -24,8 +24,8 @@ import tempfile
 import time
 from typing import Mapping, Optional
 
-from cifar10_estimator import storage
-from cifar10_estimator.distributed import hypertune, sweep
+from cifar10_estimator import engines, storage
+from cifar10_estimator.distributed import sweep
 from cifar10_estimator.distributed.ray_node import TaskRunner
 
 # How often the trial moves the trainer's new output to its log (as ray_launcher reads it).
@@ -85,14 +85,14 @@ def run(config: Mapping, env: Mapping[str, str]) -> None:
         raise TrialFailed(refusal)
     with tempfile.TemporaryDirectory(prefix="cifar10-sweep-trial-") as temp:
         metric_file = os.path.join(temp, "output.metrics")
-        variables = {**env, hypertune.TRIAL_ID_ENV: spec["name"],
-                     hypertune.METRIC_FILE_ENV: metric_file}
+        variables = {**env, engines.TRIAL_ID_ENV: spec["name"],
+                     engines.METRIC_FILE_ENV: metric_file}
         code, tail, log = _run_trainer(spec["argv"], variables, spec["job_dir"], temp)
         if code != 0:
             raise TrialFailed(last_error(tail), code, log)
         try:
             with open(metric_file) as f:
-                metrics, step = hypertune.read(f.read())
+                metrics, step = engines.read(f.read())
         except (OSError, ValueError) as e:
             raise TrialFailed(f"the trainer ended without its final evaluation's figures in "
                               f"{metric_file} ({e})", code, log) from None

@@ -1,5 +1,16 @@
-"""Vertex AI's hyperparameter-tuning metric file: what a trial reports to the study, and how
-the sweep reads it back.
+"""The managed engines' conventions, in one place: what SageMaker, Vertex AI and Ray Train
+tell a training program through its environment, and what the program hands back to them.
+
+- The folders (``VARIABLES``, ``settings``): SageMaker and Vertex AI name the folders a job
+  must use in environment variables rather than flags. The trainer takes them as defaults
+  under the flags given (a flag wins): ``settings`` returns them from an environment the
+  command passes in. The TF_CONFIG shapes the engines write are ``task.tf_config``'s;
+  docs/distributed.md, "Engines", has the table of both.
+- Vertex AI's hyperparameter-tuning metric file (``TRIAL_ID_ENV``, ``METRIC_FILE_ENV``,
+  ``write``, ``read``, ``report_to_tuning``): what a trial reports to the study, and how a
+  sweep reads it back.
+- Ray Train (``report_to_ray_train``): a run's final figures handed to the training function
+  that called the trainer.
 
 Vertex AI (and AI Platform before it) starts each trial with ``CLOUD_ML_TRIAL_ID`` and, on
 some images, ``CLOUD_ML_HP_METRIC_FILE`` in its environment, and reads the trial's metric from
@@ -20,17 +31,36 @@ metric id the study names (``accuracy``, ``loss``, ``cross_entropy``, a class's
 classes' while the lines stay within the 100 (CIFAR-100's 100 classes leave them out). The file
 is written atomically (a temporary name, then a rename), so the service never reads half of it.
 
-No TensorFlow here, and no environment read: the trainer command reads the two variables and
-passes their values down (docs/architecture.md).
+A foundation: it needs only ``storage`` and ``errors``, so the settings (``config``), the
+trainer command and the sweeps all import it. No TensorFlow at import time (the trainer
+resolves its settings before it loads; the report to the tuning service loads it to find the
+last checkpoint, after training), and no environment read: the commands read the variables
+and pass their values down (docs/architecture.md).
 """
 
 import json
+import logging
 import os
+import sys
 import time
 from typing import Mapping, Optional
 
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
+
+log = logging.getLogger("cifar10_estimator")
+
+# (variable, setting, engine, what the engine means by it). Sources: SageMaker's training
+# toolkit environment (sagemaker-training-toolkit, "Environment variables": SM_MODEL_DIR, the
+# folder uploaded as the model artifact; SM_CHANNEL_<NAME>, a channel's local copy) and Vertex
+# AI's custom training (cloud.google.com/vertex-ai/docs/training/code-requirements:
+# AIP_MODEL_DIR, AIP_CHECKPOINT_DIR under the job's baseOutputDirectory).
+VARIABLES = (
+    ("SM_MODEL_DIR", "export_dir", "SageMaker", "the folder it uploads as the model artifact"),
+    ("SM_CHANNEL_TRAINING", "data_dir", "SageMaker", "the 'training' channel's local copy"),
+    ("AIP_MODEL_DIR", "export_dir", "Vertex AI", "where the model's artifacts go"),
+    ("AIP_CHECKPOINT_DIR", "job_dir", "Vertex AI", "where checkpoints go"),
+)
 
 TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"
 METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"
@@ -45,9 +75,23 @@ _FIELDS = ("timestamp", "trial", "global_step", "checkpoint_path")
 WHOLE_SET_SCALARS = ("accuracy", "cross_entropy", "loss")
 
 
+def settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Setting -> (value, the variable that gave it), for the engines' variables set (not
+    empty) in ``environ``; a later row of ``VARIABLES`` never overrides an earlier one."""
+    found: dict[str, tuple[str, str]] = {}
+    for variable, name, _, _ in VARIABLES:
+        if environ.get(variable) and name not in found:
+            found[name] = (environ[variable], variable)
+    return found
+
+
 def wanted(trial_id: Optional[str], metric_file: Optional[str]) -> bool:
     """Whether a run reports to the tuning service: either variable is set (not empty)."""
     return bool(trial_id) or bool(metric_file)
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0
 
 
 def scalars(metrics: Mapping) -> dict[str, float]:
@@ -57,7 +101,7 @@ def scalars(metrics: Mapping) -> dict[str, float]:
     for name, value in metrics.items():
         if name == "global_step" or isinstance(value, (str, bytes)):
             continue
-        if isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0:
+        if _is_scalar(value):
             found[name] = float(value)
     first = [n for n in WHOLE_SET_SCALARS if n in found]
     rest = sorted(n for n in found if n not in first)
@@ -116,3 +160,44 @@ def read(text: str) -> tuple[dict[str, float], Optional[int]]:
             raise ValueError(f"line {number} is not a metric line ({e})") from None
         metrics[tags[0]] = value
     return metrics, step
+
+
+def report_to_tuning(job_dir: str, result, trial_id: Optional[str],
+                     metric_file: Optional[str]) -> None:
+    """With ``CLOUD_ML_TRIAL_ID`` or ``CLOUD_ML_HP_METRIC_FILE`` set (a Vertex AI trial, or a
+    sweep's: docs/sweeps.md), the final evaluation's scalars of ``result`` (the trainer's
+    ``TrainResult``) to the metric file, by the task that ran it; elsewhere nothing."""
+    if not wanted(trial_id, metric_file) or not result.eval_metrics:
+        return
+    import tensorflow as tf  # after training: the trainer has loaded it
+
+    checkpoint = tf.train.latest_checkpoint(job_dir) or ""
+    path, tags = write(metric_file, trial_id, result.eval_metrics, checkpoint)
+    per_class = [t for t in tags if t not in WHOLE_SET_SCALARS]
+    log.info("reported %s%s to the hyperparameter-tuning metric file %s (trial %s)",
+             ", ".join(t for t in tags if t not in per_class),
+             f" and {len(per_class)} per-class accuracies" if per_class else "", path,
+             trial_id or 0)
+
+
+def report_to_ray_train(result) -> None:
+    """Inside Ray Train's training function (``TensorflowTrainer``), hands the run's final
+    figures to Ray Train (``ray.train.report``, which every worker calls), with the export as
+    the chief's checkpoint where it is a local folder (Ray Train keeps a run's figures only
+    with a checkpoint, and copies it to its storage); elsewhere nothing."""
+    if "ray.train" not in sys.modules:  # Ray Train's worker has imported it
+        return
+    import ray.train
+
+    try:
+        ray.train.get_context()
+    except RuntimeError:  # not in a training function
+        return
+    figures = {name: float(value) for name, value in (result.eval_metrics or {}).items()
+               if _is_scalar(value)}
+    figures.update(steps_trained=result.steps_trained,
+                   exported=int(result.export_path is not None))
+    checkpoint = None
+    if result.export_path and not storage.is_url(result.export_path):
+        checkpoint = ray.train.Checkpoint.from_directory(result.export_path)
+    ray.train.report(figures, checkpoint=checkpoint)
