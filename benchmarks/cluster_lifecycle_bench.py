@@ -28,7 +28,7 @@ import time
 from machine import print_machine_line
 from sample_records import make_sample_records
 
-from cifar10_estimator.distributed import layout
+from cifar10_estimator.launch import layout
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 RESTORED = re.compile(r"Restoring parameters from .*model\.ckpt-(\d+)")

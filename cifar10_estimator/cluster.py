@@ -3,8 +3,8 @@
     python -m cifar10_estimator.cluster --num-workers 2 --num-ps 1 --evaluator -- \\
         --data-dir DATA --job-dir JOB --train-steps 1000
 
-starts a whole TensorFlow cluster on this host (``distributed.layout`` lays it out,
-``distributed.local_launcher`` runs it): every task runs the trainer with everything after
+starts a whole TensorFlow cluster on this host (``launch.layout`` lays it out,
+``launch.loop`` runs it): every task runs the trainer with everything after
 ``--`` and its own ``TF_CONFIG``, in a network namespace of their own where it can
 (``--network``). Exits 0 when training finished, 1 when a task failed, 130 when interrupted
 (Ctrl-C or SIGTERM).
@@ -19,8 +19,8 @@ from cifar10_estimator import cli
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
-from cifar10_estimator.distributed import layout
-from cifar10_estimator.distributed.local_launcher import Cluster
+from cifar10_estimator.launch import layout
+from cifar10_estimator.launch.loop import Cluster
 
 MODULE = "cifar10_estimator.cluster"
 
@@ -140,42 +140,42 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
 
 def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: TextIO,
                 num_gpus: int) -> int:
-    from cifar10_estimator.distributed import ray_launcher
-    from cifar10_estimator.distributed.ray_node import TaskRunner
+    from cifar10_estimator.launch import ray_actors
+    from cifar10_estimator.launch.ray_node import TaskRunner
 
     if args.network == layout.PRIVATE:
         raise UserError("--network private: the tasks of --ray run on the Ray nodes' own "
                         "networks; leave --network out")
     if args.cpus_per_task < 0 or args.gpus_per_task < 0:
         raise UserError("--cpus-per-task and --gpus-per-task must be 0 or more")
-    max_failures = (ray_launcher.MAX_FAILURES if args.max_failures is None
+    max_failures = (ray_actors.MAX_FAILURES if args.max_failures is None
                     else args.max_failures)
-    timeout = (ray_launcher.PLACEMENT_TIMEOUT_SECS if args.placement_timeout_secs is None
+    timeout = (ray_actors.PLACEMENT_TIMEOUT_SECS if args.placement_timeout_secs is None
                else args.placement_timeout_secs)
     if max_failures < 0:
         raise UserError(f"--max-failures must be 0 or more, got {max_failures}")
     if timeout <= 0:
         raise UserError(f"--placement-timeout-secs must be more than 0, got {timeout:g}")
-    trainer_args = ray_launcher.with_gpus(trainer_args, args.gpus_per_task, num_gpus)
-    ray_launcher.connect(args.ray)
+    trainer_args = ray_actors.with_gpus(trainer_args, args.gpus_per_task, num_gpus)
+    ray_actors.connect(args.ray)
 
     def place():
-        tasks, placed = ray_launcher.place(TaskRunner, args.num_workers, num_ps,
+        tasks, placed = ray_actors.place(TaskRunner, args.num_workers, num_ps,
                                            args.evaluator, args.cpus_per_task,
                                            args.gpus_per_task, timeout)
         try:
-            ray_launcher.check_shared(paths, placed)  # a node that joined since, too
+            ray_actors.check_shared(paths, placed)  # a node that joined since, too
         except UserError:
             for p in placed.values():
-                ray_launcher.kill_actor(p)
+                ray_actors.kill_actor(p)
             raise
         return tasks, placed
 
     tasks, placed = place()
-    cluster = ray_launcher.RayCluster(tasks, placed, trainer_args, os.environ, out, place,
+    cluster = ray_actors.RayCluster(tasks, placed, trainer_args, os.environ, out, place,
                                       max_failures)
     try:
-        cluster.say(ray_launcher.summary(placed))
+        cluster.say(ray_actors.summary(placed))
         signal.signal(signal.SIGTERM, _interrupt)
         return cluster.run(args.timeout_secs)
     finally:

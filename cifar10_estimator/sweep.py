@@ -6,8 +6,8 @@
 trains one trial per point of the grid of ``--vary`` values, each a run of the trainer in its
 own job dir (``SWEEP/trial-NNN-<settings>``), with Ray Tune on a Ray cluster's nodes, and names
 the best by the final evaluation's ``--metric``. A rerun skips the finished trials and runs
-the rest. ``distributed.sweep`` holds the grid and the records, ``distributed.sweep_tune`` and
-``distributed.sweep_trial`` the run, ``distributed.sweep_hparams`` TensorBoard's HParams
+the rest. ``sweeps.records`` holds the grid and the records, ``sweeps.tuner`` and
+``sweeps.trainable`` the run, ``sweeps.hparams`` TensorBoard's HParams
 summaries; this module reads the command line and the environment and prints. Exits 0 when
 every trial finished, 1 when one failed, 2 for a mistake in the command line, 130 when
 interrupted (docs/sweeps.md).
@@ -24,7 +24,7 @@ from typing import Optional, Sequence, TextIO
 from cifar10_estimator import cli, storage
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
-from cifar10_estimator.distributed import sweep
+from cifar10_estimator.sweeps import records
 
 MODULE = "cifar10_estimator.sweep"
 # Ray Tune's switch between its console outputs (ray/tune/experimental/output.py).
@@ -108,28 +108,28 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
     trainer_parser = flags.handed_on_parser(MODULE)
     trainer = trainer_parser.expand_flag_files(trainer)
     parsed = trainer_parser.parse_args(trainer)
-    for name, why in sweep.OWN_FLAGS.items():
+    for name, why in records.OWN_FLAGS.items():
         if getattr(parsed, name.replace("-", "_")) is not None:
             raise UserError(f"--{name} among the trainer flags: {why}; leave it out")
-    varied = sweep.parse_vary(args.vary, cwd)
+    varied = records.parse_vary(args.vary, cwd)
     if not parsed.data_dir and "data-dir" not in [v.flag for v in varied]:
         raise UserError("the trainer needs --data-dir (after --)")
-    mode = sweep.default_mode(args.metric)
+    mode = records.default_mode(args.metric)
     mode = args.mode or mode
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be 1 or more, got {args.max_concurrent}")
     if args.cpus_per_trial < 0 or args.gpus_per_trial < 0:
         raise UserError("--cpus-per-trial and --gpus-per-trial must be 0 or more")
-    from cifar10_estimator.distributed import ray_launcher
+    from cifar10_estimator.launch import ray_actors
 
-    trainer = ray_launcher.with_gpus(sweep.absolute_paths(trainer, cwd), args.gpus_per_trial,
+    trainer = ray_actors.with_gpus(records.absolute_paths(trainer, cwd), args.gpus_per_trial,
                                      parsed.num_gpus)
-    points = sweep.grid(varied)
-    sweep.check_trials(trainer, points)
-    sweep_dir = sweep.absolute(args.sweep_dir, cwd)
+    points = records.grid(varied)
+    records.check_trials(trainer, points)
+    sweep_dir = records.absolute(args.sweep_dir, cwd)
     # What the trainers get from this environment, taken before the process is prepared for
     # TensorFlow below (its oneDNN choice is this machine's, not the nodes').
-    env = ray_launcher.forwarded(os.environ)
+    env = ray_actors.forwarded(os.environ)
     from cifar10_estimator.platform.process import prepare_process
 
     prepare_process(os.environ)  # before TensorFlow loads: HParams summaries, a bucket
@@ -140,31 +140,31 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
 
 
 def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, out: TextIO
-           ) -> sweep.Sweep:
+           ) -> records.Sweep:
     """The sweep's trials, from the grid and what the sweep dir already holds."""
-    from cifar10_estimator.distributed import sweep_hparams
+    from cifar10_estimator.sweeps import hparams
 
-    recorded = sweep.read_json(storage.join(sweep_dir, sweep.RECORD_FILE))
+    recorded = records.read_json(storage.join(sweep_dir, records.RECORD_FILE))
     if recorded is not None and recorded.get("trainer_flags") != trainer:
-        changed = sweep.trainer_flags_changed(recorded.get("trainer_flags") or [], trainer)
+        changed = records.trainer_flags_changed(recorded.get("trainer_flags") or [], trainer)
         if changed and not args.change_trainer_flags:
             raise UserError(
                 f"--sweep-dir {sweep_dir} was swept with other trainer flags "
-                f"({sweep.RECORD_FILE}): {'; '.join(changed)}; rerun with the recorded flags, "
+                f"({records.RECORD_FILE}): {'; '.join(changed)}; rerun with the recorded flags, "
                 f"use a new --sweep-dir, or add --change-trainer-flags to run every trial "
                 f"again with the new ones")
-    trials = sweep.assign(points, recorded, sweep_dir)
+    trials = records.assign(points, recorded, sweep_dir)
     for trial in trials:
-        sweep.read_back(trial, trainer)
-    state = sweep.Sweep(sweep_dir, sweep.new_run_id(), trainer, varied, trials, args.metric,
-                        mode, out, hooks=sweep_hparams.Hooks(varied))
+        records.read_back(trial, trainer)
+    state = records.Sweep(sweep_dir, records.new_run_id(), trainer, varied, trials, args.metric,
+                        mode, out, hooks=hparams.Hooks(varied))
     content = state.content()
     if recorded is None or any(recorded.get(k) != content[k] for k in ("vary", "metric")):
-        sweep_hparams.write_experiment(sweep_dir, varied, args.metric)
+        hparams.write_experiment(sweep_dir, varied, args.metric)
     return state
 
 
-def _run(state: sweep.Sweep, args, env: dict) -> int:
+def _run(state: records.Sweep, args, env: dict) -> int:
     pending = state.pending()
     grid_size = sum(t.in_grid for t in state.trials.values())
     shape = " x ".join(f"{v.flag} {','.join(v.values)}" for v in state.varied)
@@ -190,7 +190,7 @@ def _run(state: sweep.Sweep, args, env: dict) -> int:
     missing = state.missing_metric()
     if missing:
         raise UserError(missing)
-    unfinished = [t.name for t in state.pending() if t.status != sweep.FAILED]
+    unfinished = [t.name for t in state.pending() if t.status != records.FAILED]
     if unfinished:  # Ray Tune stopped early (interrupted)
         state.interrupted()
         state.say(f"stopped before {', '.join(unfinished)} ended; rerun the same command to "
@@ -217,13 +217,14 @@ class _SaidBySweep(logging.Filter):
         return not str(record.msg).startswith(self.SAID)
 
 
-def _tune(state: sweep.Sweep, pending, args, env: dict) -> None:
-    from cifar10_estimator.distributed import ray_launcher, sweep_tune
+def _tune(state: records.Sweep, pending, args, env: dict) -> None:
+    from cifar10_estimator.launch import ray_actors
+    from cifar10_estimator.sweeps import tuner
     import ray
 
     for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
         logging.getLogger(name).addFilter(_SaidBySweep())
-    ray_launcher.connect(args.ray)
+    ray_actors.connect(args.ray)
     signal.signal(signal.SIGTERM, _interrupt)  # after Ray's own handler, which ends the process
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     cpus = ray.cluster_resources().get("CPU", 0)
@@ -233,7 +234,7 @@ def _tune(state: sweep.Sweep, pending, args, env: dict) -> None:
               + (f", at most {args.max_concurrent} at once" if args.max_concurrent else ""))
     results = tempfile.mkdtemp(prefix="cifar10-sweep-tune-")
     try:
-        sweep_tune.run(state, pending, cpus=args.cpus_per_trial, gpus=args.gpus_per_trial,
+        tuner.run(state, pending, cpus=args.cpus_per_trial, gpus=args.gpus_per_trial,
                        max_concurrent=args.max_concurrent, env=env, storage_path=results)
     finally:
         shutil.rmtree(results, ignore_errors=True)

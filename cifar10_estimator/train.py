@@ -30,7 +30,7 @@ from cifar10_estimator import engines, logs
 from cifar10_estimator.errors import entry_point, run_cli
 from cifar10_estimator.config import checks, flags, overlays
 from cifar10_estimator.config.fields import flag
-from cifar10_estimator.distributed import tf_config
+from cifar10_estimator.task import tf_config
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.process import prepare_process, restore_process
 

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
-from cifar10_estimator.distributed import layout
+from cifar10_estimator.launch import layout
 from cifar10_estimator.jobdir import lock as job_lock
 from trainer_fixtures import Trainer, trainer_env, wait_until, work_dir
 

@@ -11,10 +11,11 @@ import pytest
 PACKAGE = "cifar10_estimator"
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PACKAGE)
 # Lower layers never import higher ones: the foundations, then the settings, then the
-# subpackages along the data's path, then the commands (docs/architecture.md).
+# subpackages along the data's path up to the training loop, then the rooms that launch
+# tasks and run sweeps of them, then the commands (docs/architecture.md).
 FOUNDATIONS = ("errors", "cli", "storage", "logs", "estimator_compat", "engines")
-SUBPACKAGES = ("config", "data", "model", "serving", "platform", "jobdir", "distributed",
-               "evaluation", "training")
+SUBPACKAGES = ("config", "data", "model", "serving", "platform", "jobdir", "task",
+               "evaluation", "training", "launch", "sweeps")
 LAYERS = {**{name: 0 for name in FOUNDATIONS},
           **{name: i for i, name in enumerate(SUBPACKAGES, start=1)}}
 COMMAND_LAYER = len(SUBPACKAGES) + 1  # train, generate, predict, demo, cluster, __main__, ...

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.distributed import evaluator
+from cifar10_estimator.task import evaluator
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, SAVED, exports, frozen,
                               frozen_holder, operator_tf_configs)

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from cifar10_estimator.distributed import layout
+from cifar10_estimator.launch import layout
 from cifar10_estimator.errors import UserError
 from cluster_fixtures import frozen
 from trainer_fixtures import REPO, run_module, trainer_args, wait_until

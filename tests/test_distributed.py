@@ -18,7 +18,7 @@ import tensorflow as tf
 from cifar10_estimator.data import schema
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.distributed import layout
+from cifar10_estimator.launch import layout
 from cifar10_estimator.config.settings import TrainConfig
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports,
                               frozen_holder, local_spec, one, run_cluster, task_lines, tf_config)

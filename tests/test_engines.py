@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.distributed import tf_config
+from cifar10_estimator.task import tf_config
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_step
 from cluster_fixtures import free_ports
@@ -149,16 +149,16 @@ def test_sagemakers_arguments_and_environment_train_and_export_where_it_looks(
 
 
 def test_rays_gpus_per_task_become_the_trainers_gpus():
-    from cifar10_estimator.distributed import ray_launcher
+    from cifar10_estimator.launch import ray_actors
 
-    assert ray_launcher.with_gpus(["--job-dir", "j"], 2, 0) == ["--job-dir", "j", "--num-gpus",
+    assert ray_actors.with_gpus(["--job-dir", "j"], 2, 0) == ["--job-dir", "j", "--num-gpus",
                                                                 "2"]
-    assert ray_launcher.with_gpus(["--num-gpus", "1"], 1, 1) == ["--num-gpus", "1"]
-    assert ray_launcher.with_gpus(["--job-dir", "j"], 0, 0) == ["--job-dir", "j"]
+    assert ray_actors.with_gpus(["--num-gpus", "1"], 1, 1) == ["--num-gpus", "1"]
+    assert ray_actors.with_gpus(["--job-dir", "j"], 0, 0) == ["--job-dir", "j"]
     with pytest.raises(UserError, match="--num-gpus 2 differs from --gpus-per-task 1"):
-        ray_launcher.with_gpus([], 1, 2)
+        ray_actors.with_gpus([], 1, 2)
     with pytest.raises(UserError, match="whole number"):
-        ray_launcher.with_gpus([], 0.5, 0)
+        ray_actors.with_gpus([], 0.5, 0)
 
 
 def test_a_lost_node_after_the_restarts_are_spent_ends_the_job_in_one_line():
@@ -167,16 +167,16 @@ def test_a_lost_node_after_the_restarts_are_spent_ends_the_job_in_one_line():
     import io
 
     pytest.importorskip("ray")
-    from cifar10_estimator.distributed import layout, ray_launcher
+    from cifar10_estimator.launch import layout, ray_actors
 
     tasks = layout.tasks_of(layout.cluster_of(2, 0, ["10.0.0.1:1", "10.0.0.2:2"]), False)
-    placed = {t.name: ray_launcher.Placed(None, f"10.0.0.{i + 1}:{i + 1}", f"node{i}" * 4)
+    placed = {t.name: ray_actors.Placed(None, f"10.0.0.{i + 1}:{i + 1}", f"node{i}" * 4)
               for i, t in enumerate(tasks)}
     for task in tasks:
-        task.process = ray_launcher.RayProcess(None, 1)
+        task.process = ray_actors.RayProcess(None, 1)
     tasks[1].process.lost_because = "The actor died because its node has died."
     out = io.StringIO()
-    cluster = ray_launcher.RayCluster(tasks, placed, [], {}, out,
+    cluster = ray_actors.RayCluster(tasks, placed, [], {}, out,
                                       place_again=lambda: pytest.fail("placed again"),
                                       max_failures=0)
     assert not cluster._replace([tasks[1]])

@@ -27,7 +27,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import storage, train
-from cifar10_estimator.distributed import allreduce
+from cifar10_estimator.task import allreduce
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import lock as job_lock
 from cluster_fixtures import RAN, RATE, free_ports, run_cluster, task_lines

@@ -1,5 +1,5 @@
 """The plan: every fact of a task resolved once (config/plan.py), from the role (config/role.py)
-TF_CONFIG's value gives (distributed/tf_config.py); the model reads it through
+TF_CONFIG's value gives (task/tf_config.py); the model reads it through
 ModelSettings.of."""
 
 import dataclasses
@@ -11,7 +11,7 @@ from cifar10_estimator.config import overlays, plan
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.data import schema
-from cifar10_estimator.distributed import tf_config
+from cifar10_estimator.task import tf_config
 from cifar10_estimator.errors import UserError
 
 CLUSTER = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}

@@ -16,7 +16,7 @@ import pytest
 
 from cifar10_estimator import sweep as command
 from cifar10_estimator import engines
-from cifar10_estimator.distributed import sweep, sweep_hparams
+from cifar10_estimator.sweeps import hparams, records
 from cifar10_estimator.errors import UserError
 from cluster_fixtures import tensorboard_server
 from trainer_fixtures import TINY_BATCHES, run_trainer, trainer_args, trainer_env, work_dir
@@ -34,44 +34,44 @@ except pytest.skip.Exception:
 
 
 def test_the_grid_is_the_product_of_the_values_first_flag_slowest_as_the_trainer_reads_them():
-    varied = sweep.parse_vary(["learning-rate=0.05,.1", "num-layers=8,14",
+    varied = records.parse_vary(["learning-rate=0.05,.1", "num-layers=8,14",
                                "lr-boundary-epochs=82,123;50,75", "sync=yes,false",
                                "data-dir=data,/abs/data"], "/work")
     assert [v.values for v in varied] == [("0.05", "0.1"), ("8", "14"),
                                           ("82.0,123.0", "50.0,75.0"), ("true", "false"),
                                           ("/work/data", "/abs/data")]
-    points = sweep.grid(varied)
+    points = records.grid(varied)
     assert len(points) == 32 and points[0] == {
         "learning-rate": "0.05", "num-layers": "8", "lr-boundary-epochs": "82.0,123.0",
         "sync": "true", "data-dir": "/work/data"}
     assert [p["num-layers"] for p in points[:16:8]] == ["8", "14"]  # the second flag, faster
     assert points[16]["learning-rate"] == "0.1"
-    assert sweep.typed_settings(varied, points[0]) == {
+    assert records.typed_settings(varied, points[0]) == {
         "learning-rate": 0.05, "num-layers": 8, "lr-boundary-epochs": "82.0,123.0",
         "sync": True, "data-dir": "/work/data"}
     # Each trial's trainer command line: the sweep's flags, its settings (which win), its dir.
-    assert sweep.trainer_argv(["--data-dir", "d", "--learning-rate", "1"], points[0], "J")[-7:] \
+    assert records.trainer_argv(["--data-dir", "d", "--learning-rate", "1"], points[0], "J")[-7:] \
         == ["--learning-rate=0.05", "--num-layers=8", "--lr-boundary-epochs=82.0,123.0",
             "--sync=true", "--data-dir=/work/data", "--job-dir", "J"]
-    assert sweep.absolute_paths(["--data-dir", "d", "--data-dir=e", "--seed", "1"], "/w") == [
+    assert records.absolute_paths(["--data-dir", "d", "--data-dir=e", "--seed", "1"], "/w") == [
         "--data-dir", "/w/d", "--data-dir=/w/e", "--seed", "1"]
 
 
 def test_trial_names_are_numbered_short_and_kept_when_the_grid_grows(tmp_path):
-    assert sweep.trial_name(7, {"learning-rate": "0.05", "num-layers": "8"}) == \
+    assert records.trial_name(7, {"learning-rate": "0.05", "num-layers": "8"}) == \
         "trial-007-lr0.05_nl8"
     # Flags with the same initials are spelled out; odd characters and length are bounded.
-    assert sweep.short_name({"lr-schedule": "cosine", "label-smoothing": "0.1"}) == \
+    assert records.short_name({"lr-schedule": "cosine", "label-smoothing": "0.1"}) == \
         "lrschedulecosine_labelsmoothing0.1"
-    assert sweep.short_name({"data-dir": "/x/my data!", "recipe": "fast"}) == "ddmy_data_rfast"
-    assert len(sweep.short_name({"weight-decay": "0." + "1" * 80})) == sweep.MAX_SHORT_NAME
-    first = sweep.assign([{"learning-rate": "0.05"}, {"learning-rate": "0.1"}], None,
+    assert records.short_name({"data-dir": "/x/my data!", "recipe": "fast"}) == "ddmy_data_rfast"
+    assert len(records.short_name({"weight-decay": "0." + "1" * 80})) == records.MAX_SHORT_NAME
+    first = records.assign([{"learning-rate": "0.05"}, {"learning-rate": "0.1"}], None,
                          str(tmp_path))
     assert [t.name for t in first] == ["trial-001-lr0.05", "trial-002-lr0.1"]
     assert first[1].job_dir == str(tmp_path / "trial-002-lr0.1")
     recorded = {"trials": [{"name": t.name, "settings": t.settings} for t in first]}
     # A new value is a new trial with the next number; a point dropped stays, out of the grid.
-    later = sweep.assign([{"learning-rate": "0.2"}, {"learning-rate": "0.05"}], recorded,
+    later = records.assign([{"learning-rate": "0.2"}, {"learning-rate": "0.05"}], recorded,
                          str(tmp_path))
     assert [(t.name, t.in_grid) for t in later] == [
         ("trial-003-lr0.2", True), ("trial-001-lr0.05", True), ("trial-002-lr0.1", False)]
@@ -91,7 +91,7 @@ def test_trial_names_are_numbered_short_and_kept_when_the_grid_grows(tmp_path):
 ])
 def test_a_wrong_vary_is_one_line_naming_the_flag(spec, fragments):
     with pytest.raises(UserError) as error:
-        sweep.parse_vary([spec], "/w")
+        records.parse_vary([spec], "/w")
     assert "\n" not in str(error.value)
     for fragment in fragments:
         assert fragment in str(error.value)
@@ -100,28 +100,28 @@ def test_a_wrong_vary_is_one_line_naming_the_flag(spec, fragments):
 def test_every_trial_passes_the_trainers_checks_before_anything_runs():
     with pytest.raises(UserError, match=r"^the trial learning-rate=0.1 num-layers=9: "
                                         r"--num-layers must be 6n\+2"):
-        sweep.check_trials(["--data-dir", "d"], [{"learning-rate": "0.1", "num-layers": "8"},
+        records.check_trials(["--data-dir", "d"], [{"learning-rate": "0.1", "num-layers": "8"},
                                                  {"learning-rate": "0.1", "num-layers": "9"}])
 
 
 def test_the_metric_and_its_direction():
-    assert [sweep.default_mode(m) for m in ("accuracy", "loss", "cross_entropy",
+    assert [records.default_mode(m) for m in ("accuracy", "loss", "cross_entropy",
                                             "per_class_accuracy/cat")] == [
         "max", "min", "min", "max"]
     with pytest.raises(UserError, match="did you mean accuracy"):
-        sweep.default_mode("acuracy")
+        records.default_mode("acuracy")
 
 
 def _state(tmp_path, trials, metric="accuracy", mode="max", out=None):
     import io
 
-    varied = sweep.parse_vary(["learning-rate=0.05,0.1"], "/w")
-    return sweep.Sweep(str(tmp_path), "run-1", ["--data-dir", "d"], varied, trials, metric,
+    varied = records.parse_vary(["learning-rate=0.05,0.1"], "/w")
+    return records.Sweep(str(tmp_path), "run-1", ["--data-dir", "d"], varied, trials, metric,
                        mode, out or io.StringIO())
 
 
 def test_records_a_rerun_skips_the_finished_trials_and_names_the_best(tmp_path):
-    trials = sweep.assign(sweep.grid(sweep.parse_vary(["learning-rate=0.05,0.1,0.2"], "/w")),
+    trials = records.assign(records.grid(records.parse_vary(["learning-rate=0.05,0.1,0.2"], "/w")),
                           None, str(tmp_path))
     state = _state(tmp_path, trials)
     for trial in trials:
@@ -146,14 +146,14 @@ def test_records_a_rerun_skips_the_finished_trials_and_names_the_best(tmp_path):
                                 f"rerun the same command to run it again")
     # A rerun: the finished trials are read back, the failed one runs again; with other
     # trainer flags none counts as finished.
-    again = sweep.assign(sweep.grid(sweep.parse_vary(["learning-rate=0.05,0.1,0.2"], "/w")),
+    again = records.assign(records.grid(records.parse_vary(["learning-rate=0.05,0.1,0.2"], "/w")),
                          content, str(tmp_path))
-    assert [sweep.read_back(t, ["--data-dir", "d"]) for t in again] == [True, True, False]
+    assert [records.read_back(t, ["--data-dir", "d"]) for t in again] == [True, True, False]
     assert again[1].metrics == {"accuracy": 0.75, "loss": 3.0}
-    assert not any(sweep.read_back(t, ["--data-dir", "e"]) for t in again)
+    assert not any(records.read_back(t, ["--data-dir", "e"]) for t in again)
     # Another metric ranks them from the same records, nothing trained: loss, the smallest.
-    assert sweep.best(again[:2], "loss", "min").name == trials[0].name
-    assert sweep.trainer_flags_changed(["--data-dir", "d", "--train-steps", "4"],
+    assert records.best(again[:2], "loss", "min").name == trials[0].name
+    assert records.trainer_flags_changed(["--data-dir", "d", "--train-steps", "4"],
                                        ["--data-dir=d", "--train-steps", "8", "--seed", "3"]) \
         == ["--seed unset (now 3)", "--train-steps 4 (now 8)"]
 
@@ -161,25 +161,25 @@ def test_records_a_rerun_skips_the_finished_trials_and_names_the_best(tmp_path):
 def test_a_trials_pieces_its_error_line_its_node_and_a_log_the_driver_writes(tmp_path):
     import pickle
 
-    from cifar10_estimator.distributed import sweep_trial
+    from cifar10_estimator.sweeps import trainable
 
     lines = ["step 2/4\n", "cifar10_estimator: error: training stopped: NaN\n",
              "E0000 00:00 a C++ line after it\n"]
-    assert sweep_trial.last_error(lines) == "cifar10_estimator: error: training stopped: NaN"
-    assert sweep_trial.last_error(["Traceback\n", "KeyError: 'x'\n", "\n"]) == "KeyError: 'x'"
+    assert trainable.last_error(lines) == "cifar10_estimator: error: training stopped: NaN"
+    assert trainable.last_error(["Traceback\n", "KeyError: 'x'\n", "\n"]) == "KeyError: 'x'"
     # Ray pickles the trainable's error: every field comes back.
-    again = pickle.loads(pickle.dumps(sweep_trial.TrialFailed("the line", 2, "the log")))
+    again = pickle.loads(pickle.dumps(trainable.TrialFailed("the line", 2, "the log")))
     assert (str(again), again.exit_status, again.log) == ("the line", 2, "the log")
     record = tmp_path / "sweep.json"
     record.write_text('{"run_id": "abc"}')
-    assert sweep_trial.not_shared(str(record), "abc", "10.0.0.2") is None
-    assert sweep_trial.not_shared(str(record), "other", "10.0.0.2") == (
+    assert trainable.not_shared(str(record), "abc", "10.0.0.2") is None
+    assert trainable.not_shared(str(record), "other", "10.0.0.2") == (
         f"--sweep-dir {tmp_path} is not shared by the Ray cluster's nodes (this trial's node, "
         f"10.0.0.2, does not see its sweep.json): use a bucket (s3://, gs://) or a folder every "
         f"node mounts at the same path")
-    assert sweep_trial.not_shared("s3://bucket/sweep/sweep.json", "abc", "10.0.0.2") is None
+    assert trainable.not_shared("s3://bucket/sweep/sweep.json", "abc", "10.0.0.2") is None
     # A bucket's trial hands its log to the driver, which writes it into the job dir.
-    trials = sweep.assign([{"learning-rate": "0.05"}], None, str(tmp_path))
+    trials = records.assign([{"learning-rate": "0.05"}], None, str(tmp_path))
     state = _state(tmp_path, trials)
     state.started(trials[0].name)
     state.failed(trials[0].name, "the line", 2, log="line 1\nthe line\n")
@@ -187,7 +187,7 @@ def test_a_trials_pieces_its_error_line_its_node_and_a_log_the_driver_writes(tmp
 
 
 def test_a_metric_no_trial_reported_is_one_line(tmp_path):
-    trials = sweep.assign([{"learning-rate": "0.05"}], None, str(tmp_path))
+    trials = records.assign([{"learning-rate": "0.05"}], None, str(tmp_path))
     state = _state(tmp_path, trials, metric="per_class_accuracy/dgo")
     state.started(trials[0].name)
     state.finished(trials[0].name, {"accuracy": 0.5, "per_class_accuracy/dog": 0.4})
@@ -200,13 +200,13 @@ def test_hparams_summaries_the_experiment_and_a_session_replaced_when_it_runs_ag
     import tensorflow as tf
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-    varied = sweep.parse_vary(["learning-rate=0.05,0.1", "sync=true,false"], "/w")
-    sweep_hparams.write_experiment(str(tmp_path), varied, "loss")
+    varied = records.parse_vary(["learning-rate=0.05,0.1", "sync=true,false"], "/w")
+    hparams.write_experiment(str(tmp_path), varied, "loss")
     job = tmp_path / "trial-001"
 
     def summaries(folder) -> dict:
         found = {}
-        for path in sorted(folder.glob("events.out.tfevents.*" + sweep_hparams.SUFFIX)):
+        for path in sorted(folder.glob("events.out.tfevents.*" + hparams.SUFFIX)):
             for event in tf.compat.v1.train.summary_iterator(str(path)):
                 for value in event.summary.value:
                     data = plugin_data_pb2.HParamsPluginData.FromString(
@@ -220,13 +220,13 @@ def test_hparams_summaries_the_experiment_and_a_session_replaced_when_it_runs_ag
         ("learning-rate", [0.05, 0.1]), ("sync", [False, True])]  # sorted by TensorBoard
     assert [(m.name.group, m.name.tag) for m in experiment.metric_infos] == [
         ("eval", "accuracy"), ("eval", "cross_entropy"), ("eval", "loss")]
-    sweep_hparams.start_session(str(job), "trial-001", {"learning-rate": 0.05, "sync": True}, 1)
-    sweep_hparams.end_session(str(job), False, 2)
+    hparams.start_session(str(job), "trial-001", {"learning-rate": 0.05, "sync": True}, 1)
+    hparams.end_session(str(job), False, 2)
     first = summaries(job)
     assert first[metadata.SESSION_START_INFO_TAG].session_start_info.hparams[
         "learning-rate"].number_value == 0.05
     assert first[metadata.SESSION_END_INFO_TAG].session_end_info.status == api_pb2.STATUS_FAILURE
-    sweep_hparams.start_session(str(job), "trial-001", {"learning-rate": 0.05, "sync": True}, 5)
+    hparams.start_session(str(job), "trial-001", {"learning-rate": 0.05, "sync": True}, 5)
     again = summaries(job)  # the earlier session's files are gone: TensorBoard keeps a tag's first
     assert metadata.SESSION_END_INFO_TAG not in again
     assert again[metadata.SESSION_START_INFO_TAG].session_start_info.start_time_secs == 5
@@ -332,7 +332,7 @@ def test_other_trainer_flags_for_a_recorded_sweep_are_refused_in_one_line(tmp_pa
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the command prepares its process
     sweep_dir = tmp_path / "s"
     sweep_dir.mkdir()
-    state = _state(sweep_dir, sweep.assign([{"learning-rate": "0.05"}], None, str(sweep_dir)))
+    state = _state(sweep_dir, records.assign([{"learning-rate": "0.05"}], None, str(sweep_dir)))
     state.trainer_flags = ["--data-dir", str(tmp_path / "d"), "--train-steps", "4"]
     state.save()
     code = command.main(["--ray", "127.0.0.1:1", "--sweep-dir", str(sweep_dir), "--vary",

@@ -243,7 +243,7 @@ def render_jobdir_files() -> str:
         ("serving.export", "CLASS_NAMES_FILE"), ("serving.export", "EXPORT_INFO_FILE"),
         ("serving.warmup", "WARMUP_FILE"))]
     metrics = os.path.basename(const("serving.export", "EVAL_METRICS_FILE"))
-    stop = const("distributed.allreduce", "STOP_FILE")
+    stop = const("task.allreduce", "STOP_FILE")
     offline = f"{PACKAGE}.evaluation.offline"
     step_report = built_in(offline, 'f"eval_report_{split}_step{model.global_step}.json"',
                            "eval_report_<split>_step<N>.json")

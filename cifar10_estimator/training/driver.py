@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TrainConfig
-from cifar10_estimator.distributed import allreduce, evaluator, peers
+from cifar10_estimator.task import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
 from cifar10_estimator.training import end, fence, specs, start

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from cifar10_estimator.config.settings import TOWERS
-from cifar10_estimator.distributed import allreduce, peers
+from cifar10_estimator.task import allreduce, peers
 from cifar10_estimator.training.start import Task
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training.end import evaluation_line

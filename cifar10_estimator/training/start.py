@@ -36,7 +36,7 @@ from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import TOWERS, TrainConfig
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cifar10_estimator.distributed import allreduce, peers, tf_config
+from cifar10_estimator.task import allreduce, peers, tf_config
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock

@@ -8,7 +8,7 @@ files (``@FILE`` on any command line) and the ``TF_CONFIG`` cluster description.
 - ``flag-file``: ``config.flags.parse`` (the trainer's command line, through ``cli.Parser``)
   expands ``@FILE`` arguments: generated and damaged flag lines, files that include each other,
   and a pipe, socket or device named as a flag file.
-- ``tf-config``: ``distributed.tf_config.parse`` checks the variable's value and makes the role,
+- ``tf-config``: ``task.tf_config.parse`` checks the variable's value and makes the role,
   then Estimator's ``RunConfig`` reads it (it must take it and see the same role; it reads the
   environment itself: set here for the case, in this process, and restored).
 
@@ -410,7 +410,7 @@ def _tf_config(value: str):
 def _check_tf_config(case: str, scratch: str, context) -> str:
     import tensorflow as tf
 
-    from cifar10_estimator.distributed import tf_config
+    from cifar10_estimator.task import tf_config
 
     outcome, role = harness.refused(lambda: tf_config.parse(case), "TF_CONFIG")
     if outcome != harness.ACCEPTED:
@@ -477,7 +477,7 @@ KINDS = [
     ),
     harness.Kind(
         name="tf-config",
-        reader="distributed.tf_config.parse, Estimator's RunConfig",
+        reader="task.tf_config.parse, Estimator's RunConfig",
         tried="clusters of chief or master, workers (up to 10,000), ps and an evaluator with "
               "each role; the same with the task, index, type, addresses (no port, port 0 or "
               "65536, Unicode hosts, spaces), job names, cluster or extra keys replaced by "

@@ -7,12 +7,12 @@ that a signal stopped (exit status 128 or more, e.g. 143 after SIGTERM) is start
 Kubernetes' ExitCode restart policy does; when a task fails (status 1 to 127), every other task
 is stopped. Training is done when the chief, the workers and the
 evaluator have exited 0; parameter servers exit by themselves once every training task has
-reported (``distributed.run_parameter_server``) and are stopped if they linger. Every task
+reported (``task.peers.run_parameter_server``) and are stopped if they linger. Every task
 shares the trainer's ``--job-dir``, as a real cluster must (on several hosts: shared storage).
 
 It is for trying distribution on one machine and for tests; several hosts need a cluster
 manager (see the Kubernetes TFJob in ``k8s/``). The ``cluster`` command is its command line;
-``ray_launcher.RayCluster`` is the same supervision of tasks on a Ray cluster's nodes.
+``ray_actors.RayCluster`` is the same supervision of tasks on a Ray cluster's nodes.
 """
 
 import json
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Mapping, Optional, Sequence, TextIO
 
-from cifar10_estimator.distributed.layout import Network, Task
+from cifar10_estimator.launch.layout import Network, Task
 
 _POLL_SECS = 0.2
 # After the chief has finished, a worker needs at most one more step and its report to the
@@ -69,7 +69,7 @@ class Cluster:
             self._launch(task)
 
     def _spawn(self, task: Task) -> subprocess.Popen:
-        """Starts the trainer process of ``task`` on this host. (``ray_launcher`` starts it on
+        """Starts the trainer process of ``task`` on this host. (``ray_actors`` starts it on
         a Ray node instead, behind the same interface: poll, terminate, kill, wait, pid and
         stdout.)"""
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
@@ -94,7 +94,7 @@ class Cluster:
 
     def _replace(self, failed: Sequence[Task]) -> bool:
         """Whether the job was placed and started again after ``failed`` tasks ended: never
-        here (a local task that failed fails the job); ``ray_launcher`` places a job whose
+        here (a local task that failed fails the job); ``ray_actors`` places a job whose
         node was lost again."""
         return False
 

@@ -1,5 +1,5 @@
 """What each task's Ray actor runs on its node for ``cifar10-cluster --ray``
-(``ray_launcher``): it holds the task's port until the trainer starts, starts the trainer
+(``ray_actors``): it holds the task's port until the trainer starts, starts the trainer
 process with the node's environment plus what the launcher sends, and hands its output, its
 exit status and signals across.
 
@@ -37,7 +37,7 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     """Between fork and exec of the trainer: SIGKILL it when its actor's process ends (its node
     died, or Ray stopped the actor). A trainer outliving its actor would go on training, and
-    holding the job dir's lock, beside the job the launcher places again (``ray_launcher``).
+    holding the job dir's lock, beside the job the launcher places again (``ray_actors``).
     Elsewhere than on Linux, nothing (the trainer is then ended through its actor only)."""
     if not sys.platform.startswith("linux"):
         return

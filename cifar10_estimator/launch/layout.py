@@ -18,7 +18,7 @@ launcher's first line (``Network.line``) says which, and why.
 - optionally one ``evaluator`` task. It is left out of the cluster spec (it serves nothing);
   Estimator also accepts it listed there, as Kubeflow's operator lists it.
 
-``local_launcher`` runs these tasks as processes of this host; ``ray_launcher`` lays out the
+``loop`` runs these tasks as processes of this host; ``ray_actors`` lays out the
 same tasks on the addresses of a Ray cluster's nodes (``tasks_of``).
 """
 
@@ -171,7 +171,7 @@ def task_name(task_type: str, index: int) -> str:
 @dataclasses.dataclass
 class Task:
     """One task of the cluster: its role and ``TF_CONFIG``, and its process once a launcher
-    (``local_launcher``, ``ray_launcher``) has started it."""
+    (``loop``, ``ray_actors``) has started it."""
 
     task_type: str
     index: int

@@ -1,4 +1,4 @@
-"""What a sweep's trial runs on its Ray node: Ray Tune's function trainable (``sweep_tune``).
+"""What a sweep's trial runs on its Ray node: Ray Tune's function trainable (``tuner``).
 
 - It checks that its node sees the sweep dir: the driver wrote ``sweep.json`` with this run's
   id before any trial started, and a local sweep dir that a node does not show with that id
@@ -15,7 +15,7 @@
   trial itself touches no bucket, so it loads no TensorFlow (only its trainer does).
 - It reports the scalars to Ray Tune (``ray.tune.report``), or, when the trainer exited
   non-zero, raises ``TrialFailed`` with the trainer's last error line, which Ray Tune shows as
-  the trial's error (status ERROR); the driver records both (``sweep``).
+  the trial's error (status ERROR); the driver records both (``records``).
 """
 
 import os
@@ -25,10 +25,10 @@ import time
 from typing import Mapping, Optional
 
 from cifar10_estimator import engines, storage
-from cifar10_estimator.distributed import sweep
-from cifar10_estimator.distributed.ray_node import TaskRunner
+from cifar10_estimator.launch.ray_node import TaskRunner
+from cifar10_estimator.sweeps import records
 
-# How often the trial moves the trainer's new output to its log (as ray_launcher reads it).
+# How often the trial moves the trainer's new output to its log (as ray_actors reads it).
 _READ_SECS = 0.2
 # A trainer's one-line error: ``<command>: error: <what>`` (errors.run_cli).
 _ERROR_MARK = ": error: "
@@ -62,7 +62,7 @@ def not_shared(record: str, run_id: str, node: str) -> Optional[str]:
     if seen:
         return None
     return (f"--sweep-dir {storage.parent(record)} is not shared by the Ray cluster's nodes "
-            f"(this trial's node, {node}, does not see its {sweep.RECORD_FILE}): use a bucket "
+            f"(this trial's node, {node}, does not see its {records.RECORD_FILE}): use a bucket "
             f"(s3://, gs://) or a folder every node mounts at the same path")
 
 
@@ -104,11 +104,11 @@ def _run_trainer(argv: list[str], variables: Mapping[str, str], job_dir: str, te
                  ) -> tuple[int, list[str], Optional[str]]:
     """Runs the trainer to its end, its output into the trial's log: (exit status, its last
     lines, the whole log where the job dir is a bucket's, for the driver to write there)."""
-    log = storage.join(job_dir, sweep.TRIAL_LOG_FILE)
+    log = storage.join(job_dir, records.TRIAL_LOG_FILE)
     local = not storage.is_url(log)
     if local:
         os.makedirs(job_dir, exist_ok=True)
-    path = log if local else os.path.join(temp, sweep.TRIAL_LOG_FILE)
+    path = log if local else os.path.join(temp, records.TRIAL_LOG_FILE)
     tail: list[str] = []
     runner = TaskRunner()
     with open(path, "w") as out:

@@ -2,10 +2,10 @@
 
 ``run`` gives Ray Tune the trials still to run as a grid (``tune.grid_search`` over their
 specs: the trials are ours, already expanded, so finished ones are never handed to Ray Tune),
-a function trainable (``sweep_trial.run``) with the CPUs and GPUs each trial asks for, at most
+a function trainable (``trainable.run``) with the CPUs and GPUs each trial asks for, at most
 ``max_concurrent`` at once, no retries (a failed trial is the user's to see: the sweep
 records it and a rerun runs it again), and a callback that records each trial's start and end
-as Ray Tune sees them (``sweep.Sweep``: ``sweep.json``, ``JOB/trial.json``, the HParams
+as Ray Tune sees them (``records.Sweep``: ``sweep.json``, ``JOB/trial.json``, the HParams
 sessions, one line each). Ray Tune's own results go to ``storage_path``, a folder of the
 driver's that the command deletes afterwards: the sweep's records are the ones above.
 
@@ -18,13 +18,13 @@ Ray is an optional dependency (the ``ray`` extra); nothing here imports it befor
 
 from typing import Mapping, Optional, Sequence
 
-from cifar10_estimator.distributed import sweep, sweep_trial
+from cifar10_estimator.sweeps import records, trainable
 
 # Ray Tune's experiment name, a folder in ``storage_path``.
 EXPERIMENT = "cifar10-sweep"
 
 
-def specs(state: sweep.Sweep, trials: Sequence[sweep.Trial]) -> list[dict]:
+def specs(state: records.Sweep, trials: Sequence[records.Trial]) -> list[dict]:
     """What each trial's trainable is given: its name, trainer flags, job dir, and the record
     and run id it checks it sees."""
     return [{"name": t.name, "argv": state.argv(t), "job_dir": t.job_dir,
@@ -35,16 +35,16 @@ def _name(trial) -> str:
     return trial.config["trial"]["name"]
 
 
-def run(state: sweep.Sweep, trials: Sequence[sweep.Trial], *, cpus: float, gpus: float,
+def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, gpus: float,
         max_concurrent: Optional[int], env: Mapping[str, str], storage_path: str) -> None:
     """Runs ``trials`` with Ray Tune on the cluster this process has joined, recording each in
     ``state`` as it starts and ends."""
     from ray import tune
 
-    trainable = tune.with_resources(tune.with_parameters(sweep_trial.run, env=dict(env)),
-                                    {"cpu": cpus, "gpu": gpus})
+    function = tune.with_resources(tune.with_parameters(trainable.run, env=dict(env)),
+                                   {"cpu": cpus, "gpu": gpus})
     tuner = tune.Tuner(
-        trainable, param_space={"trial": tune.grid_search(specs(state, trials))},
+        function, param_space={"trial": tune.grid_search(specs(state, trials))},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
                                     trial_name_creator=_name, trial_dirname_creator=_name),
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage_path, verbose=0,
@@ -53,7 +53,7 @@ def run(state: sweep.Sweep, trials: Sequence[sweep.Trial], *, cpus: float, gpus:
     tuner.fit()
 
 
-def _recorder(state: sweep.Sweep):
+def _recorder(state: records.Sweep):
     """A Ray Tune callback that records the trials' events in ``state``."""
     from ray import tune
     from ray.tune.result import AUTO_RESULT_KEYS
@@ -68,7 +68,7 @@ def _recorder(state: sweep.Sweep):
                        if k not in AUTO_RESULT_KEYS and k != "global_step"
                        and isinstance(v, (int, float)) and not isinstance(v, bool)
                        and k not in ("done", "trial_id", "experiment_tag")}
-            state.finished(_name(trial), metrics, log=result.get(sweep_trial.LOG_RESULT))
+            state.finished(_name(trial), metrics, log=result.get(trainable.LOG_RESULT))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             error, exit_status, log = failure(trial)
@@ -92,7 +92,7 @@ def failure(trial) -> tuple[str, Optional[int], Optional[str]]:
     except Exception:  # noqa: BLE001  (no file, or one that does not load: the text below)
         error = None
     cause = getattr(error, "cause", error)
-    if isinstance(cause, sweep_trial.TrialFailed):
+    if isinstance(cause, trainable.TrialFailed):
         return cause.message, cause.exit_status, cause.log
     try:
         with open(trial.error_file) as f:

@@ -1,7 +1,7 @@
 """A sweep's trials and their records: the grid of ``--vary`` values, each trial's name and job
 dir, ``SWEEP/sweep.json`` and each trial's ``JOB/trial.json``, which trials a rerun skips, the
-objective and the best trial. What runs the trials is ``sweep_tune`` (Ray Tune, on the
-driver) and ``sweep_trial`` (on the nodes); the command is ``cifar10_estimator.sweep``.
+objective and the best trial. What runs the trials is ``tuner`` (Ray Tune, on the
+driver) and ``trainable`` (on the nodes); the command is ``cifar10_estimator.sweep``.
 
 - The trials are the cartesian product of the ``--vary`` values, the first ``--vary`` slowest.
   Each flag is the trainer's (``config.flags``), each value is parsed by that flag's own type,
@@ -21,7 +21,7 @@ driver) and ``sweep_trial`` (on the nodes); the command is ``cifar10_estimator.s
 
 Every path goes through ``storage`` (a local folder, a shared one, or a bucket). No Ray here;
 TensorFlow only where a finished trial's export is looked up (``serving.client``), on the
-driver, which loads it for TensorBoard's HParams summaries anyway (``sweep_hparams``).
+driver, which loads it for TensorBoard's HParams summaries anyway (``hparams``).
 """
 
 import argparse
@@ -401,7 +401,7 @@ def best(trials: Sequence[Trial], metric: str, mode: str) -> Optional[Trial]:
 class Sweep:
     """The sweep's state on the driver: its trials, ``sweep.json`` kept current, one line per
     event to ``out``. ``hooks`` are called as trials start and end (TensorBoard's HParams
-    session summaries: ``sweep_hparams``)."""
+    session summaries: ``hparams``)."""
 
     def __init__(self, sweep_dir: str, run_id: str, trainer_flags: Sequence[str],
                  varied: Sequence[Varied], trials: list[Trial], metric: str, mode: str,

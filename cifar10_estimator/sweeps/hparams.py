@@ -23,7 +23,7 @@ for it first).
 from typing import Any, Mapping, Sequence
 
 from cifar10_estimator import logs, storage
-from cifar10_estimator.distributed import sweep
+from cifar10_estimator.sweeps import records
 
 # The end of the names of the event files written here (and only here).
 SUFFIX = ".hparams"
@@ -57,14 +57,14 @@ def _append(tf, folder: str, write) -> None:
     writer.close()
 
 
-def write_experiment(sweep_dir: str, varied: Sequence[sweep.Varied], metric: str) -> None:
+def write_experiment(sweep_dir: str, varied: Sequence[records.Varied], metric: str) -> None:
     """The experiment: the varied flags with their values, the evaluation's metrics."""
     _tf()
     from tensorboard.plugins.hparams import api as hp
 
     hparams = []
     for v in varied:
-        values = [sweep.typed_settings([v], {v.flag: value})[v.flag] for value in v.values]
+        values = [records.typed_settings([v], {v.flag: value})[v.flag] for value in v.values]
         hparams.append(hp.HParam(v.flag, hp.Discrete(values)))
     names = list(METRICS) + ([metric] if metric not in METRICS else [])
     metrics = [hp.Metric(name, group=EVAL_GROUP, display_name=f"{name} (final evaluation)")
@@ -91,15 +91,15 @@ def end_session(job_dir: str, ok: bool, when: float) -> None:
     _append(tf, job_dir, lambda: tf.summary.experimental.write_raw_pb(end, step=0))
 
 
-class Hooks(sweep.Hooks):
+class Hooks(records.Hooks):
     """The sweep's hooks that write each trial's session as it starts and ends."""
 
-    def __init__(self, varied: Sequence[sweep.Varied]):
+    def __init__(self, varied: Sequence[records.Varied]):
         self.varied = list(varied)
 
-    def started(self, trial: sweep.Trial, when: float) -> None:
+    def started(self, trial: records.Trial, when: float) -> None:
         start_session(trial.job_dir, trial.name,
-                      sweep.typed_settings(self.varied, trial.settings), when)
+                      records.typed_settings(self.varied, trial.settings), when)
 
-    def ended(self, trial: sweep.Trial, ok: bool, when: float) -> None:
+    def ended(self, trial: records.Trial, ok: bool, when: float) -> None:
         end_session(trial.job_dir, ok, when)

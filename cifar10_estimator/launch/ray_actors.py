@@ -1,7 +1,7 @@
 """A training cluster on a Ray cluster's nodes: ``cifar10-cluster --ray ADDRESS``.
 
 The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local launcher
-(``local_launcher``), with Ray placing the tasks:
+(``loop``), with Ray placing the tasks:
 
 - One Ray actor per task (chief, workers, parameter servers, evaluator), spread over the nodes,
   with the CPUs and GPUs asked for (``--cpus-per-task``, ``--gpus-per-task``; a parameter
@@ -12,7 +12,7 @@ The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local
   node's environment and the launcher's own storage, TensorFlow, CUDA and NCCL variables
   (``FORWARDED_PREFIXES``: the bucket's endpoint and keys travel with the job). Their output
   comes back with the task's prefix, ``[chief] ...``.
-- The ending and restart rules are the local launcher's (``local_launcher.Cluster``, of which
+- The ending and restart rules are the local launcher's (``loop.Cluster``, of which
   ``RayCluster`` is a kind): a trainer that a signal stopped, or that was killed, is started
   again in its actor, on the same node and port, and resumes from the latest checkpoint; a task
   that failed stops the job; the job ends when the chief, the workers and the evaluator have
@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Optional, Sequence, TextIO
 
 from cifar10_estimator import storage
 from cifar10_estimator.data.metadata import METADATA_FILENAME
-from cifar10_estimator.distributed import layout, local_launcher
+from cifar10_estimator.launch import layout, loop
 from cifar10_estimator.errors import UserError
 
 # The launcher's variables every task gets, whatever its node's environment: storage (S3's
@@ -326,7 +326,7 @@ def _refuse_unseen(flag: str, path: str, placed: Mapping[str, Placed], seen: Seq
                         f"folder every node mounts at the same path")
 
 
-class RayCluster(local_launcher.Cluster):
+class RayCluster(loop.Cluster):
     """The local launcher's supervision of tasks that run on Ray nodes; a job that lost a node
     is placed again by ``place_again`` (``place`` with the job's sizes), at most
     ``max_failures`` times."""
