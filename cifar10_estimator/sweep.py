@@ -157,7 +157,7 @@ def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, 
     for trial in trials:
         records.read_back(trial, trainer)
     state = records.Sweep(sweep_dir, records.new_run_id(), trainer, varied, trials, args.metric,
-                        mode, out, hooks=hparams.Hooks(varied))
+                        mode, out, listener=hparams.SessionWriter(varied))
     content = state.content()
     if recorded is None or any(recorded.get(k) != content[k] for k in ("vary", "metric")):
         hparams.write_experiment(sweep_dir, varied, args.metric)

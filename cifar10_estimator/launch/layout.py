@@ -169,9 +169,10 @@ def task_name(task_type: str, index: int) -> str:
 
 
 @dataclasses.dataclass
-class Task:
-    """One task of the cluster: its role and ``TF_CONFIG``, and its process once a launcher
-    (``loop``, ``ray_actors``) has started it."""
+class LaunchedTask:
+    """One task of the cluster as the launcher sees it: its role and ``TF_CONFIG``, and its
+    process once the launch loop (``loop``) has started it, here or on a Ray node. (Inside the
+    task, the trainer's own state is ``training.start.Task``.)"""
 
     task_type: str
     index: int
@@ -195,7 +196,7 @@ class Task:
 
 
 def lay_out(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1",
-            network: Optional[Network] = None) -> list[Task]:
+            network: Optional[Network] = None) -> list[LaunchedTask]:
     """The tasks of a cluster on ports of ``host``, parameter servers first: free ports of this
     host, or ``network``'s (from 2222 in a private namespace)."""
     check_sizes(num_workers, num_ps)
@@ -210,12 +211,13 @@ def check_sizes(num_workers: int, num_ps: int) -> None:
         raise UserError(f"--num-ps must be 0 or more, got {num_ps}")
 
 
-def tasks_of(cluster: Mapping[str, Sequence[str]], evaluator: bool) -> list[Task]:
+def tasks_of(cluster: Mapping[str, Sequence[str]], evaluator: bool) -> list[LaunchedTask]:
     """One task per address of ``cluster`` (parameter servers first), and the evaluator."""
-    tasks = [Task("ps", i, tf_config(cluster, "ps", i)) for i in range(len(cluster.get("ps", ())))]
-    tasks.append(Task("chief", 0, tf_config(cluster, "chief", 0)))
-    tasks += [Task("worker", i, tf_config(cluster, "worker", i))
+    tasks = [LaunchedTask("ps", i, tf_config(cluster, "ps", i))
+             for i in range(len(cluster.get("ps", ())))]
+    tasks.append(LaunchedTask("chief", 0, tf_config(cluster, "chief", 0)))
+    tasks += [LaunchedTask("worker", i, tf_config(cluster, "worker", i))
               for i in range(len(cluster.get("worker", ())))]
     if evaluator:
-        tasks.append(Task("evaluator", 0, tf_config(cluster, "evaluator", 0)))
+        tasks.append(LaunchedTask("evaluator", 0, tf_config(cluster, "evaluator", 0)))
     return tasks

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Mapping, Optional, Sequence, TextIO
 
-from cifar10_estimator.launch.layout import Network, Task
+from cifar10_estimator.launch.layout import LaunchedTask, Network
 
 _POLL_SECS = 0.2
 # After the chief has finished, a worker needs at most one more step and its report to the
@@ -38,7 +38,7 @@ _TERM_GRACE_SECS = 10
 class Cluster:
     """Starts, watches and stops the processes of a local cluster."""
 
-    def __init__(self, tasks: Sequence[Task], trainer_args: Sequence[str],
+    def __init__(self, tasks: Sequence[LaunchedTask], trainer_args: Sequence[str],
                  env: Mapping[str, str], out: TextIO = sys.stdout,
                  python: str = sys.executable, network: Optional[Network] = None):
         self.tasks = list(tasks)
@@ -54,7 +54,7 @@ class Cluster:
             self.out.write(f"[cluster] {message}\n")
             self.out.flush()
 
-    def _stream(self, task: Task) -> None:
+    def _stream(self, task: LaunchedTask) -> None:
         prefix = f"[{task.name}] "
         for line in task.process.stdout:
             with self._lock:
@@ -68,7 +68,7 @@ class Cluster:
         for task in self.tasks:
             self._launch(task)
 
-    def _spawn(self, task: Task) -> subprocess.Popen:
+    def _spawn(self, task: LaunchedTask) -> subprocess.Popen:
         """Starts the trainer process of ``task`` on this host. (``ray_actors`` starts it on
         a Ray node instead, behind the same interface: poll, terminate, kill, wait, pid and
         stdout.)"""
@@ -83,16 +83,16 @@ class Cluster:
             # the pid said below is the task's.
             preexec_fn=self.network.join if self.network.namespace is not None else None)
 
-    def _launch(self, task: Task) -> None:
+    def _launch(self, task: LaunchedTask) -> None:
         task.process = self._spawn(task)
         task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
         task.reader.start()
         self.say(f"started {task.name} (pid {task.process.pid}{self._where(task)})")
 
-    def _where(self, task: Task) -> str:
+    def _where(self, task: LaunchedTask) -> str:
         return ""
 
-    def _replace(self, failed: Sequence[Task]) -> bool:
+    def _replace(self, failed: Sequence[LaunchedTask]) -> bool:
         """Whether the job was placed and started again after ``failed`` tasks ended: never
         here (a local task that failed fails the job); ``ray_actors`` places a job whose
         node was lost again."""
@@ -111,7 +111,7 @@ class Cluster:
                     task.reader.join(timeout=5)
                 self._launch(task)
 
-    def stop(self, tasks: Sequence[Task]) -> None:
+    def stop(self, tasks: Sequence[LaunchedTask]) -> None:
         """SIGTERM, then SIGKILL after a grace period, for the running ``tasks``."""
         running = [t for t in tasks if t.process and t.process.poll() is None]
         for task in running:

@@ -238,7 +238,7 @@ class RayNetwork:
 
 def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: float,
           gpus: float, timeout_secs: float = PLACEMENT_TIMEOUT_SECS
-          ) -> tuple[list[layout.Task], dict[str, Placed]]:
+          ) -> tuple[list[layout.LaunchedTask], dict[str, Placed]]:
     """Starts one actor per task, spread over the nodes, each holding a port: the tasks with
     their TF_CONFIG, and each task's actor by name. Waits up to ``timeout_secs`` for the
     cluster to have room for all of them, then says what it lacks."""
@@ -331,9 +331,9 @@ class RayCluster(loop.Cluster):
     is placed again by ``place_again`` (``place`` with the job's sizes), at most
     ``max_failures`` times."""
 
-    def __init__(self, tasks: Sequence[layout.Task], placed: Mapping[str, Placed],
+    def __init__(self, tasks: Sequence[layout.LaunchedTask], placed: Mapping[str, Placed],
                  trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO,
-                 place_again: Optional[Callable[[], tuple[list[layout.Task],
+                 place_again: Optional[Callable[[], tuple[list[layout.LaunchedTask],
                                                           dict[str, Placed]]]] = None,
                  max_failures: int = MAX_FAILURES):
         super().__init__(tasks, trainer_args, forwarded(env), out=out, network=RayNetwork())
@@ -342,7 +342,7 @@ class RayCluster(loop.Cluster):
         self.max_failures = max_failures
         self.failures = 0  # nodes lost so far
 
-    def _lost(self) -> list[layout.Task]:
+    def _lost(self) -> list[layout.LaunchedTask]:
         return [t for t in self.tasks if isinstance(t.process, RayProcess) and t.process.lost]
 
     def _restart_signalled(self) -> None:
@@ -353,7 +353,7 @@ class RayCluster(loop.Cluster):
         if not any(isinstance(t.process, RayProcess) and t.process.unsure for t in self.tasks):
             super()._restart_signalled()
 
-    def _replace(self, failed: Sequence[layout.Task]) -> bool:
+    def _replace(self, failed: Sequence[layout.LaunchedTask]) -> bool:
         lost = [t for t in failed if t in self._lost()]
         if not lost or self.place_again is None:
             return False
@@ -380,13 +380,13 @@ class RayCluster(loop.Cluster):
         self.start()
         return True
 
-    def _spawn(self, task: layout.Task) -> RayProcess:
+    def _spawn(self, task: layout.LaunchedTask) -> RayProcess:
         actor = self.placed[task.name].actor
         env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
         pid = _ray().get(actor.start.remote(self.trainer_args, env))
         return RayProcess(actor, pid)
 
-    def _where(self, task: layout.Task) -> str:
+    def _where(self, task: layout.LaunchedTask) -> str:
         return f" on {self.placed[task.name].address.rpartition(':')[0]}"
 
     def close(self) -> None:

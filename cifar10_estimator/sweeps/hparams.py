@@ -91,8 +91,8 @@ def end_session(job_dir: str, ok: bool, when: float) -> None:
     _append(tf, job_dir, lambda: tf.summary.experimental.write_raw_pb(end, step=0))
 
 
-class Hooks(records.Hooks):
-    """The sweep's hooks that write each trial's session as it starts and ends."""
+class SessionWriter(records.TrialListener):
+    """Writes each trial's HParams session as it starts and ends."""
 
     def __init__(self, varied: Sequence[records.Varied]):
         self.varied = list(varied)

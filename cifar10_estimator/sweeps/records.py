@@ -400,17 +400,17 @@ def best(trials: Sequence[Trial], metric: str, mode: str) -> Optional[Trial]:
 
 class Sweep:
     """The sweep's state on the driver: its trials, ``sweep.json`` kept current, one line per
-    event to ``out``. ``hooks`` are called as trials start and end (TensorBoard's HParams
-    session summaries: ``hparams``)."""
+    event to ``out``. ``listener`` is told as trials start and end (TensorBoard's HParams
+    session summaries: ``hparams.SessionWriter``)."""
 
     def __init__(self, sweep_dir: str, run_id: str, trainer_flags: Sequence[str],
                  varied: Sequence[Varied], trials: list[Trial], metric: str, mode: str,
-                 out: TextIO, hooks: Optional["Hooks"] = None):
+                 out: TextIO, listener: Optional["TrialListener"] = None):
         self.sweep_dir, self.run_id = sweep_dir, run_id
         self.trainer_flags, self.varied = list(trainer_flags), list(varied)
         self.trials = {t.name: t for t in trials}
         self.metric, self.mode, self.out = metric, mode, out
-        self.hooks = hooks or Hooks()
+        self.listener = listener or TrialListener()
         self._started: dict[str, float] = {}
 
     @property
@@ -430,7 +430,7 @@ class Sweep:
         trial = self.trials[name]
         trial.status, trial.error, trial.exit_status = RUNNING, None, None
         self._started[name] = now()
-        self.hooks.started(trial, self._started[name])
+        self.listener.started(trial, self._started[name])
         self.say(f"{name} started{f' on {where}' if where else ''} "
                  f"({shown_settings(trial.settings)})")
         self.save()
@@ -480,7 +480,7 @@ class Sweep:
         storage.makedirs(trial.job_dir)  # a trial may fail before its trainer makes it
         write_json(storage.join(trial.job_dir, TRIAL_RECORD_FILE),
                    trial_record(trial, self.trainer_flags, self._started.get(trial.name)))
-        self.hooks.ended(trial, ok, now())
+        self.listener.ended(trial, ok, now())
         self.save()
 
     def content(self) -> dict:
@@ -540,8 +540,8 @@ class Sweep:
                 f"trained again")
 
 
-class Hooks:
-    """What happens beside the records as a trial starts and ends: nothing, here."""
+class TrialListener:
+    """Told as a trial starts and ends, beside the records: does nothing, here."""
 
     def started(self, trial: Trial, when: float) -> None:
         pass
