@@ -1,7 +1,7 @@
 """The trainer command: ``python -m cifar10_estimator`` (``cifar10-train``), and ``run``, its
 entry point for other programs.
 
-Flags (``config.flags``) -> ``TrainConfig`` -> ``training.driver.train_and_evaluate`` -> the
+Flags (``config.flags``) -> ``Settings`` -> ``training.driver.train_and_evaluate`` -> the
 run summary. It does the process-level set-up a library must not do: oneDNN on and
 TensorFlow's log level before TensorFlow loads (``platform.process``), a readable log
 (``logs``), the CPU as oneDNN sees it, the user's cache folder for the precision probes,
@@ -62,16 +62,16 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     if isinstance(argv, Mapping):
         argv = flags.to_argv(argv)
     from_engine = engines.settings(os.environ)
-    config, verbose = flags.parse(argv, {name: value for name, (value, _) in
-                                         from_engine.items()})
+    settings, verbose = flags.parse(argv, {name: value for name, (value, _) in
+                                           from_engine.items()})
     # The one read of TF_CONFIG: the role is checked, with the settings, before TensorFlow
     # loads. (Estimator and TensorFlow's strategies read the same variable themselves.)
     tf_config_value = os.environ.get(TF_CONFIG_ENV)
     role = tf_config.parse(tf_config_value)
     # Vertex AI's hyperparameter tuning: where the trial's final figures go (hypertune).
     tuning = (os.environ.get(engines.TRIAL_ID_ENV), os.environ.get(engines.METRIC_FILE_ENV))
-    checks.validate(config, needs_data=role.task_type != "ps")
-    tf_config.check_strategy(config, role)
+    checks.validate(settings, needs_data=role.task_type != "ps")
+    tf_config.check_strategy(settings.cluster.distribution_strategy, role)
     with contextlib.ExitStack() as undo:
         set_env = prepare_process(os.environ)  # before TensorFlow loads
         undo.callback(restore_process, os.environ, set_env)
@@ -80,10 +80,10 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
         _set_for_this_run(TF_CONFIG_ENV, tf_config.estimator_tf_config(tf_config_value, role), undo)
         undo.callback(logs.setup_logging(verbose))
         for name, (value, variable) in from_engine.items():
-            if getattr(config, name) == value:
+            if settings.value(name) == value:
                 log.info("%s %s: from %s (the engine's; a flag given wins)",
                          flag(name), value, variable)
-        return _train(config, role, handle_signals, undo, tuning)
+        return _train(settings, role, handle_signals, undo, tuning)
 
 
 def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStack) -> None:
@@ -99,7 +99,7 @@ def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStac
                   else os.environ.pop(name, None))
 
 
-def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack,
+def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
            tuning: tuple[Optional[str], Optional[str]] = (None, None)):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
@@ -122,15 +122,16 @@ def _train(config, role, handle_signals: bool, undo: contextlib.ExitStack,
     machine = Machine(cpu_info, cpu.onednn_enabled(), precision_cache.PrecisionCache(
         precision_cache.cache_folder(os.environ, os.path.expanduser("~")), tf.__version__))
     if role.task_type != "ps":
-        log.info(overlays.describe(config))
-    result = driver.train_and_evaluate(config, role, machine, preemption)
+        log.info(overlays.describe(settings))
+    result = driver.train_and_evaluate(settings, role, machine, preemption)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":
-        for line in summary.run_summary(config, result, time.monotonic() - started):
+        for line in summary.run_summary(settings.data.data_dir, settings.output.job_dir, result,
+                                        time.monotonic() - started):
             log.info(line)
     engines.report_to_ray_train(result)
-    engines.report_to_tuning(config.job_dir, result, *tuning)
+    engines.report_to_tuning(settings.output.job_dir, result, *tuning)
     return result
 
 

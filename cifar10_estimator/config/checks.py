@@ -4,84 +4,85 @@ Ranges come from the fields' metadata (``fields.Check``); the rest are combinati
 settings, or of settings and the machine (GPUs, oneDNN), that no single field can check.
 """
 
-import dataclasses
 from typing import Any, Mapping
 
 from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.fields import flag, shown
-from cifar10_estimator.config.settings import (MULTI_WORKER_MIRRORED, TOWERS, TUTORIAL_CNN,
-                                               TrainConfig)
+from cifar10_estimator.config.settings import (FIELDS, MULTI_WORKER_MIRRORED, TOWERS,
+                                               TUTORIAL_CNN, Settings)
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
 
 
-def check_given(config: TrainConfig, given: Mapping[str, Any]) -> None:
+def check_given(settings: Settings, given: Mapping[str, Any]) -> None:
     """Refuses a flag given for a model it does not apply to (``models`` in its metadata):
     ``--num-layers`` means nothing to the tutorial CNN."""
-    for field in dataclasses.fields(TrainConfig):
+    for field in FIELDS:
         models = field.metadata.get("models")
-        if field.name in given and models and config.model not in models:
+        if field.name in given and models and settings.model.model not in models:
             raise UserError(f"{flag(field.name)} applies to --model {' or '.join(models)}, "
-                            f"not to --model {config.model}; leave it out")
+                            f"not to --model {settings.model.model}; leave it out")
 
 
-def _check_ranges(config: TrainConfig) -> None:
-    for field in dataclasses.fields(TrainConfig):
+def _check_ranges(settings: Settings) -> None:
+    for field in FIELDS:
         check = field.metadata.get("check")
-        problem = check and check.problem(field.name, getattr(config, field.name))
+        problem = check and check.problem(field.name, settings.value(field.name))
         if problem:
             raise UserError(problem)
 
 
-def _check_schedule(config: TrainConfig) -> None:
-    if len(config.lr_decay_factors) != len(config.lr_boundary_epochs) + 1:
+def _check_schedule(settings: Settings) -> None:
+    schedule, output = settings.schedule, settings.output
+    if len(schedule.lr_decay_factors) != len(schedule.lr_boundary_epochs) + 1:
         raise UserError("--lr-decay-factors needs exactly one more value than "
                         "--lr-boundary-epochs")
-    if list(config.lr_boundary_epochs) != sorted(set(config.lr_boundary_epochs)) or any(
-            e <= 0 for e in config.lr_boundary_epochs):
+    if list(schedule.lr_boundary_epochs) != sorted(set(schedule.lr_boundary_epochs)) or any(
+            e <= 0 for e in schedule.lr_boundary_epochs):
         raise UserError("--lr-boundary-epochs must be positive and strictly increasing")
-    if config.save_checkpoints_steps is not None and config.save_checkpoints_secs is not None:
+    if output.save_checkpoints_steps is not None and output.save_checkpoints_secs is not None:
         raise UserError("--save-checkpoints-steps and --save-checkpoints-secs exclude each "
                         "other; give one")
-    if config.train_steps is not None and config.train_epochs is not None:
+    if schedule.train_steps is not None and schedule.train_epochs is not None:
         raise UserError("--train-steps and --train-epochs exclude each other; give one")
-    if (config.lr_schedule != "piecewise" and config.train_epochs is not None
-            and config.warmup_epochs >= config.train_epochs):
-        raise UserError(f"--warmup-epochs {shown(config.warmup_epochs)} leaves nothing of the "
-                        f"{shown(config.train_epochs)} --train-epochs for the {config.lr_schedule} "
-                        f"schedule; use fewer warm-up epochs")
+    if (schedule.lr_schedule != "piecewise" and schedule.train_epochs is not None
+            and schedule.warmup_epochs >= schedule.train_epochs):
+        raise UserError(f"--warmup-epochs {shown(schedule.warmup_epochs)} leaves nothing of "
+                        f"the {shown(schedule.train_epochs)} --train-epochs for the "
+                        f"{schedule.lr_schedule} schedule; use fewer warm-up epochs")
 
 
-def _check_model(config: TrainConfig) -> None:
-    if config.zero_init_residual and config.resnet_version != 1:
+def _check_model(settings: Settings) -> None:
+    if settings.model.zero_init_residual and settings.model.resnet_version != 1:
         # A v2 block ends in a convolution: a zero scale before its ReLU would get no gradient.
         raise UserError("--zero-init-residual applies to --resnet-version 1 blocks only")
 
 
-def _check_strategy(config: TrainConfig) -> None:
-    strategy = config.distribution_strategy
-    if config.lookahead_steps and (config.sync or strategy != TOWERS):
+def _check_strategy(settings: Settings) -> None:
+    cluster = settings.cluster
+    strategy = cluster.distribution_strategy
+    if settings.schedule.lookahead_steps and (cluster.sync or strategy != TOWERS):
         # Its update runs after the optimizer's inside the train op, which SyncReplicasOptimizer
         # and a strategy's replicas run apart.
         raise UserError(f"--lookahead-steps: not available with "
-                        f"{'--sync' if config.sync else f'--distribution-strategy {strategy}'}; "
+                        f"{'--sync' if cluster.sync else f'--distribution-strategy {strategy}'}; "
                         f"set it to 0, or train with --distribution-strategy towers"
-                        f"{' and without --sync' if config.sync else ''}")
+                        f"{' and without --sync' if cluster.sync else ''}")
     if strategy == TOWERS:
         return
-    if config.sync:
+    if cluster.sync:
         raise UserError(f"--sync: --distribution-strategy {strategy} is synchronous already "
                         f"(every step all-reduces every replica's gradients); leave --sync out")
-    if config.variable_strategy != "CPU":
-        raise UserError(f"--variable-strategy {config.variable_strategy}: with "
+    if settings.devices.variable_strategy != "CPU":
+        raise UserError(f"--variable-strategy {settings.devices.variable_strategy}: with "
                         f"--distribution-strategy {strategy} every replica keeps a copy of the "
                         f"variables; leave --variable-strategy out")
-    if strategy == MULTI_WORKER_MIRRORED and config.num_cpu_towers != 1:
+    if strategy == MULTI_WORKER_MIRRORED and settings.devices.num_cpu_towers != 1:
         raise UserError("--num-cpu-towers: --distribution-strategy multi-worker-mirrored runs "
                         "one replica per GPU, or one on the CPU, on every worker; use "
                         "--distribution-strategy mirrored for logical CPU replicas on one "
                         "machine")
-    if strategy == MULTI_WORKER_MIRRORED and config.precise_bn_batches:
+    if strategy == MULTI_WORKER_MIRRORED and settings.model.precise_bn_batches:
         # The recompute runs on the chief alone before a checkpoint (when its timer says), and
         # every batch-norm update of an all-reduce job needs every worker.
         raise UserError("--precise-bn-batches: not available with --distribution-strategy "
@@ -90,46 +91,48 @@ def _check_strategy(config: TrainConfig) -> None:
                         "to 0, or use --distribution-strategy towers or mirrored")
 
 
-def _check_devices(config: TrainConfig) -> None:
-    if config.num_gpus > 0 and config.num_cpu_towers != 1:
+def _check_devices(settings: Settings) -> None:
+    devices = settings.devices
+    if devices.num_gpus > 0 and devices.num_cpu_towers != 1:
         raise UserError("--num-cpu-towers applies only with --num-gpus 0")
-    if config.variable_strategy == "GPU" and config.num_gpus == 0:
+    if devices.variable_strategy == "GPU" and devices.num_gpus == 0:
         raise UserError("--variable-strategy GPU needs GPUs; with --num-gpus 0 use "
                         "--variable-strategy CPU")
-    if config.model == TUTORIAL_CNN and plans.data_format(config) == "channels_first":
+    model = settings.model.model
+    if model == TUTORIAL_CNN and plans.data_format(model, devices) == "channels_first":
         raise UserError("--data-format channels_first: the tutorial CNN computes in "
                         "channels_last only (TensorFlow's local response normalisation has no "
                         "other layout); leave --data-format unset")
-    towers = len(plans.tower_devices(config))
+    towers = len(devices.tower_devices)
     for name in ("train_batch_size", "eval_batch_size"):
-        if getattr(config, name) % towers:
-            raise UserError(f"{flag(name)} {getattr(config, name)} is not divisible by the "
+        if settings.value(name) % towers:
+            raise UserError(f"{flag(name)} {settings.value(name)} is not divisible by the "
                             f"{towers} towers; use a multiple of {towers}")
 
 
-def validate(config: TrainConfig, needs_data: bool = True) -> None:
+def validate(settings: Settings, needs_data: bool = True) -> None:
     """Raises UserError naming the flag for every invalid setting or combination that the
     settings alone decide; the trainer runs it before TensorFlow loads (``validate_machine``
     checks the rest, after).
 
     Args:
-      config: the settings.
+      settings: the settings.
       needs_data: False on a parameter-server task, which needs neither data nor model flags.
     """
     if not needs_data:
         return  # a parameter server only serves variables: no flag matters to it
-    if not config.job_dir:
+    if not settings.output.job_dir:
         raise UserError("--job-dir is required: the folder for checkpoints and the export")
-    if not config.data_dir:
+    if not settings.data.data_dir:
         raise UserError("--data-dir is required: the folder with the .tfrecords files")
-    _check_ranges(config)
-    _check_schedule(config)
-    _check_model(config)
-    _check_strategy(config)
-    _check_devices(config)
+    _check_ranges(settings)
+    _check_schedule(settings)
+    _check_model(settings)
+    _check_strategy(settings)
+    _check_devices(settings)
 
 
-def validate_machine(config: TrainConfig, num_visible_gpus: int, onednn_enabled: bool) -> None:
+def validate_machine(settings: Settings, num_visible_gpus: int, onednn_enabled: bool) -> None:
     """The settings against this machine and its storage, in one line naming the flag.
 
     Args:
@@ -137,17 +140,18 @@ def validate_machine(config: TrainConfig, num_visible_gpus: int, onednn_enabled:
       onednn_enabled: whether TensorFlow's oneDNN kernels are on in this process
         (``cpu.onednn_enabled``); without them a CPU cannot pool in channels_first.
     """
-    if config.num_gpus > 0 and num_visible_gpus < config.num_gpus:
-        raise UserError(f"--num-gpus {config.num_gpus} requested but TensorFlow sees "
+    devices = settings.devices
+    if devices.num_gpus > 0 and num_visible_gpus < devices.num_gpus:
+        raise UserError(f"--num-gpus {devices.num_gpus} requested but TensorFlow sees "
                         f"{num_visible_gpus} GPU(s); use --num-gpus {num_visible_gpus}")
-    if (config.num_gpus == 0 and plans.data_format(config) == "channels_first"
-            and not onednn_enabled):
+    if (devices.num_gpus == 0 and not onednn_enabled
+            and plans.data_format(settings.model.model, devices) == "channels_first"):
         # TF 2.15's Eigen CPU kernels have no NCHW pooling ("Default AvgPoolingOp only
         # supports NHWC on device type CPU"); its oneDNN kernels do.
         raise UserError("--data-format channels_first on a CPU needs TensorFlow's oneDNN "
                         "kernels, which are off in this process; set TF_ENABLE_ONEDNN_OPTS=1 "
                         "(or unset it) or use --data-format channels_last")
     for name in ("job_dir", "data_dir", "export_dir"):
-        path = getattr(config, name)
+        path = settings.value(name)
         if path:
             storage.check_reachable(path, flag(name))

@@ -1,10 +1,10 @@
 """How a setting is declared: one dataclass field that carries everything said about it.
 
-A setting is a field of ``settings.ModelParams`` or ``settings.TrainConfig`` made with
-``setting(default, help, group=..., ...)``. Its metadata is the only place that says
+A setting is a field of one of the sections of ``settings.Settings`` (one per help group,
+``GROUPS``, in order) made with ``setting(default, help, ...)``. Its metadata is the only place
+that says
 
 - ``help``: what the flag's help prints (the default is added by ``cli``, never restated);
-- ``group``: the help section it is listed in (``GROUPS``, in order);
 - ``record``: whether it defines the run, so that ``JOB/settings.json`` records it and a rerun
   that changes it is refused (``jobdir.settings_record``);
 - ``check``: the range it must be in (``Check``), tested before anything runs;
@@ -32,7 +32,7 @@ GROUPS = (
     ("output", "the job dir: checkpoints, evaluations, exports"),
     ("logging", "what the log and TensorBoard show"),
 )
-REQUIRED = ("help", "group", "record")
+REQUIRED = ("help", "record")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +56,13 @@ POSITIVE = Check(lambda v: v > 0, "positive")
 FRACTION = Check(lambda v: 0 <= v < 1, "in [0, 1)")
 
 
-def setting(default, help: str, *, group: str, record: bool = False,
+def setting(default, help: str, *, record: bool = False,
             check: Optional[Check] = None, choices: Optional[tuple] = None,
             models: Optional[tuple[str, ...]] = None, recipe: bool = False,
             aliases: Optional[tuple[str, ...]] = None):
     """A dataclass field for one setting (see the module for what each argument means;
     ``aliases``: other spellings of its flag, as an engine passes it)."""
-    if group not in dict(GROUPS):
-        raise ValueError(f"unknown help group {group!r}")
-    metadata = {"help": help, "group": group, "record": record, "recipe": recipe}
+    metadata = {"help": help, "record": record, "recipe": recipe}
     for key, value in (("check", check), ("choices", choices), ("models", models),
                        ("aliases", aliases)):
         if value is not None:
@@ -75,8 +73,3 @@ def setting(default, help: str, *, group: str, record: bool = False,
 def flag(name: str) -> str:
     """The command-line spelling of a setting's field name (``num_layers`` -> ``--num-layers``)."""
     return "--" + name.replace("_", "-")
-
-
-def names_where(cls, key: str) -> tuple[str, ...]:
-    """The fields of ``cls`` whose metadata ``key`` is true, in declaration order."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(key))

@@ -1,9 +1,9 @@
 """The trainer's command-line flags: the only module that builds them.
 
-One flag per ``TrainConfig`` field, generated from the field's name, type, default and metadata
-(``fields``): its help, its help group, its choices. Booleans accept ``--x``, ``--x=false`` and
-``--no-x``; tuples take comma-separated values. ``--verbose`` is the one flag that is not a
-setting: it changes what the log shows.
+One flag per setting (a field of a ``Settings`` section), generated from the field's name,
+type, default and metadata (``fields``): its help, its choices; its help group is its section.
+Booleans accept ``--x``, ``--x=false`` and ``--no-x``; tuples take comma-separated values.
+``--verbose`` is the one flag that is not a setting: it changes what the log shows.
 
 ``--model`` and ``--recipe`` change defaults: a setting takes the flag's value if the flag is
 given, else the recipe's, else the model's, else the field's default (``overlays``). A flag
@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 from cifar10_estimator import cli
 from cifar10_estimator.config import checks, overlays
 from cifar10_estimator.config.fields import GROUPS, flag
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import FIELDS, SECTIONS, Settings
 from cifar10_estimator.errors import UserError
 
 MODULE = "cifar10_estimator"
@@ -55,7 +55,8 @@ EXAMPLES = (
 
 
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
-    """One flag per TrainConfig field, in ``GROUPS``; booleans accept --x, --x=false and --no-x.
+    """One flag per setting, in its section's help group; booleans accept --x, --x=false and
+    --no-x.
 
     With ``defaults=False`` a flag that is not given is left out of the parsed namespace, which
     then holds only what the command line set.
@@ -66,12 +67,11 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         description="Train, evaluate and export a CIFAR-10 classifier (a ResNet, or the original "
                     "tutorial's CNN) with tf.estimator. A task's role in a cluster comes from "
                     "the TF_CONFIG environment variable.")
-    hints = typing.get_type_hints(TrainConfig)
-    for title, description in GROUPS:
+    for (title, description), (_, section) in zip(GROUPS, SECTIONS):
         group = parser.add_argument_group(title, description)
-        for field in dataclasses.fields(TrainConfig):
-            if field.metadata["group"] == title:
-                _add(group, field, hints[field.name], defaults)
+        hints = typing.get_type_hints(section)
+        for field in dataclasses.fields(section):
+            _add(group, field, hints[field.name], defaults)
         if title == "logging":
             group.add_argument("--verbose", action="store_true",
                                default=False if defaults else argparse.SUPPRESS,
@@ -104,11 +104,11 @@ def _add(group, field: dataclasses.Field, tp, defaults: bool) -> None:
 
 
 def to_argv(settings: Mapping[str, Any]) -> list[str]:
-    """The command line that gives ``settings`` (field name -> value, as ``TrainConfig`` holds
-    it: ``{"num_layers": 20, "sync": True, "lr_boundary_epochs": (2, 4)}``), so that a library
-    caller's settings go through the same parsing and checks as flags; ``verbose`` too; None
-    leaves a setting at its default. A name that is no setting is a ``UserError`` naming it."""
-    names = {field.name for field in dataclasses.fields(TrainConfig)} | {"verbose"}
+    """The command line that gives ``settings`` (setting name -> value, as ``Settings.flat``
+    gives them: ``{"num_layers": 20, "sync": True, "lr_boundary_epochs": (2, 4)}``), so that a
+    library caller's settings go through the same parsing and checks as flags; ``verbose`` too;
+    None leaves a setting at its default. A name that is no setting is a ``UserError`` naming it."""
+    names = {field.name for field in FIELDS} | {"verbose"}
     argv = []
     for name, value in settings.items():
         if name not in names:
@@ -135,7 +135,7 @@ def handed_on_parser(command: str) -> cli.Parser:
 
 
 def parse(argv: Optional[Sequence[str]], under: Optional[Mapping[str, Any]] = None
-          ) -> tuple[TrainConfig, bool]:
+          ) -> tuple[Settings, bool]:
     """(the settings, --verbose) from the command line; argparse exits 2 on a bad flag, and a
     flag given for another model is a ``UserError``. ``under`` holds values that a flag given
     overrides and that override the recipe's and the model's (an engine's folders,
@@ -147,6 +147,6 @@ def parse(argv: Optional[Sequence[str]], under: Optional[Mapping[str, Any]] = No
     given = vars(build_parser(defaults=False).parse_args(argv))
     given.pop("verbose", None)
     given = {**(under or {}), **given}
-    config = overlays.build(**given)
-    checks.check_given(config, given)
-    return config, verbose
+    settings = overlays.build(**given)
+    checks.check_given(settings, given)
+    return settings, verbose

@@ -14,14 +14,13 @@ small pictures follows the size the same way (``LOW_RES_SHARES``), unless
 ``--low-res-fraction`` is given: its overlay holds None, which the plan resolves.
 """
 
-import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
 from cifar10_estimator.config.fields import flag, shown
 from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, RECIPE_FIELDS,
                                                RESNET, SCHEDULE_FIELDS, TOWERS, TUTORIAL_BATCH,
-                                               TUTORIAL_CNN, TrainConfig)
+                                               TUTORIAL_CNN, FIELDS, Settings)
 
 # The tutorial CNN's weights are averaged at this decay for evaluation (cifar10.py's
 # MOVING_AVERAGE_DECAY).
@@ -179,7 +178,7 @@ def follows_he(values: Mapping[str, Any], epochs_given: bool,
 def defaults(model: str, recipe: str, strategy: str = TOWERS) -> dict[str, Any]:
     """Every setting's default for this model, strategy and recipe (the fields', then the
     overlays')."""
-    values = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    values = {f.name: f.default for f in FIELDS}
     values.update(MODELS[model])
     values.update(STRATEGIES[strategy])
     values.update(RECIPES[recipe])
@@ -188,10 +187,10 @@ def defaults(model: str, recipe: str, strategy: str = TOWERS) -> dict[str, Any]:
     return values
 
 
-def build(**given: Any) -> TrainConfig:
+def build(**given: Any) -> Settings:
     """The settings for the values ``given`` (as on a command line): the rest from the model's
     and the recipe's overlays, then the fields' defaults."""
-    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    fields = {f.name: f.default for f in FIELDS}
     values = defaults(given.get("model", fields["model"]), given.get("recipe", fields["recipe"]),
                       given.get("distribution_strategy", fields["distribution_strategy"]))
     if given.get("train_epochs") is not None and "train_steps" not in given:
@@ -200,7 +199,7 @@ def build(**given: Any) -> TrainConfig:
     schedule_given = any(name in given for name in SCHEDULE_FIELDS)
     if follows_he(values, "train_epochs" in given, schedule_given):
         values["lr_schedule"] = "he"
-    return TrainConfig(**values)
+    return Settings.of(**values)
 
 
 def recipe_help() -> str:
@@ -220,25 +219,26 @@ def _shown(value: Any) -> str:
     return BY_SIZE if value is None else shown(value)
 
 
-def describe(config: TrainConfig) -> str:
+def describe(settings: Settings) -> str:
     """``recipe NAME: --flag value, ...``: every setting a recipe may set, marking the values
     that differ from the recipe's (given on the command line), and the schedule a paper run
     given in epochs takes (``follows_he``)."""
-    expected = defaults(config.model, config.recipe, config.distribution_strategy)
-    schedule_given = any(getattr(config, name) != expected[name]
+    values, schedule = settings.flat(), settings.schedule
+    expected = defaults(settings.model.model, schedule.recipe,
+                        settings.cluster.distribution_strategy)
+    schedule_given = any(values[name] != expected[name]
                          for name in SCHEDULE_FIELDS if name != "lr_schedule")
-    switched = config.lr_schedule == "he" and follows_he(
-        expected, config.train_epochs is not None, schedule_given)
+    switched = schedule.lr_schedule == "he" and follows_he(
+        expected, schedule.train_epochs is not None, schedule_given)
     if switched:
         expected["lr_schedule"] = "he"
 
     def note(name: str) -> str:
-        if getattr(config, name) != expected[name]:
+        if values[name] != expected[name]:
             return " (given)"
         if switched and name == "lr_schedule":
             return " (--train-epochs: the paper's proportions of the run)"
         return ""
 
-    parts = [f"{flag(name)} {_shown(getattr(config, name))}{note(name)}"
-             for name in RECIPE_FIELDS]
-    return f"recipe {config.recipe}: {', '.join(parts)}"
+    parts = [f"{flag(name)} {_shown(values[name])}{note(name)}" for name in RECIPE_FIELDS]
+    return f"recipe {schedule.recipe}: {', '.join(parts)}"

@@ -1,14 +1,16 @@
 """The plan of one task: every fact the run needs, resolved once, frozen, read everywhere after.
 
-``resolve`` turns the settings (``TrainConfig``, with the model's and recipe's defaults), this
+``resolve`` turns the settings (``Settings``, with the model's and recipe's defaults), this
 task's ``Role`` in the cluster (from the ``TF_CONFIG`` value the command read), the training
 data's counts and the precision chosen for the job into a ``Plan``: the run's length in global
 steps, the batch per worker, per global step and per tower or replica, the devices (one per
-tower or replica), the data layout, the learning rate's ``Schedule`` in global steps, the
+tower or replica), the data layout, the learning rate's ``Schedule`` in global steps and the
+``Optimizer`` that applies it, the
 share of the run at small pictures (``--low-res-fraction``, or the recipe's for the data's
 size), the precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a
-request, never a plan). Each rule behind these facts is a function here, and ``resolve`` is the only
-caller that turns them into a run's numbers; a ``Plan`` cannot be changed after it is made.
+request, never a plan), how the gradients meet. Each rule behind these facts is a function here,
+and ``resolve`` is the only caller that turns them into a run's numbers. A ``Plan`` holds the
+role and these facts, no settings, and cannot be changed after it is made.
 
 No TensorFlow here: the commands resolve as much as they can before it loads.
 """
@@ -21,46 +23,39 @@ from cifar10_estimator.config.overlays import MODELS, recipe_epochs, recipe_low_
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (ALL_REDUCE_STRATEGIES, HE_FACTORS, HE_FRACTIONS,
                                                LENGTH_SHAPED_SCHEDULES, MULTI_WORKER_MIRRORED,
-                                               TUTORIAL_CNN, ModelParams, TrainConfig)
+                                               TOWERS, TUTORIAL_CNN, ClusterSection,
+                                               DevicesSection, ScheduleSection, Settings)
 
 # A precision's dtype: what the convolutions compute in (variables stay float32).
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
-def steps_together(config: TrainConfig) -> bool:
+def steps_together(cluster: ClusterSection) -> bool:
     """Whether a global step takes one batch from every worker (``sync``, or an all-reduce
     strategy: ``settings.STEPS_TOGETHER`` says so in the help) rather than one worker's batch
     (asynchronous parameter servers)."""
-    return config.sync or config.distribution_strategy in ALL_REDUCE_STRATEGIES
+    return cluster.sync or cluster.distribution_strategy in ALL_REDUCE_STRATEGIES
 
 
-def global_batch(config: TrainConfig, num_trainers: int) -> int:
+def global_batch(worker_batch: int, cluster: ClusterSection, num_trainers: int) -> int:
     """Images per global step: a batch from every worker when they step together, one batch
     without."""
-    return config.train_batch_size * (num_trainers if steps_together(config) else 1)
+    return worker_batch * (num_trainers if steps_together(cluster) else 1)
 
 
-def all_reduce_trainer(config: TrainConfig, role: Role) -> bool:
+def all_reduce_trainer(cluster: ClusterSection, role: Role) -> bool:
     """A training task of a multi-worker all-reduce job."""
-    return config.distribution_strategy == MULTI_WORKER_MIRRORED and role.trains
+    return cluster.distribution_strategy == MULTI_WORKER_MIRRORED and role.trains
 
 
-def tower_devices(config: TrainConfig) -> tuple[str, ...]:
-    """The compute device of each tower or replica of one worker: ``--num-gpus`` GPUs, else
-    ``--num-cpu-towers`` logical CPUs (``model.towers`` places ops on them)."""
-    if config.num_gpus > 0:
-        return tuple(f"/gpu:{i}" for i in range(config.num_gpus))
-    return tuple(f"/cpu:{i}" for i in range(max(1, config.num_cpu_towers)))
-
-
-def data_format(config: TrainConfig) -> str:
-    """The layout the model computes in: ``--data-format``, else channels-first on GPUs (cuDNN's
+def data_format(model: str, devices: DevicesSection) -> str:
+    """The layout ``model`` computes in: ``--data-format``, else channels-first on GPUs (cuDNN's
     fast layout) and channels-last elsewhere (oneDNN's)."""
-    if config.data_format:
-        return config.data_format
-    if config.model == TUTORIAL_CNN:
+    if devices.data_format:
+        return devices.data_format
+    if model == TUTORIAL_CNN:
         return "channels_last"  # its local response normalisation has no other layout
-    return "channels_first" if config.num_gpus > 0 else "channels_last"
+    return "channels_first" if devices.num_gpus > 0 else "channels_last"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +76,37 @@ class Schedule:
     def length_shaped(self) -> bool:
         return self.kind in LENGTH_SHAPED_SCHEDULES
 
+    def with_length(self, total_steps: int) -> "Schedule":
+        """This schedule over a run of ``total_steps`` global steps: ``he`` drops at its
+        proportions of the new length; the others' boundaries are in epochs, which stay."""
+        boundaries = _he_boundaries(total_steps) if self.kind == "he" else self.boundaries
+        return dataclasses.replace(self, total_steps=total_steps, boundaries=boundaries)
 
-def schedule_of(params: ModelParams, steps_per_epoch: int, total_steps: int,
-             global_batch: int) -> Schedule:
+
+def _he_boundaries(total_steps: int) -> tuple[int, ...]:
+    return tuple(int(total_steps * f) for f in HE_FRACTIONS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """The optimizer's settings, as the model_fn applies them (``optimizer_of`` makes one from
+    the settings of the same names)."""
+
+    momentum: float
+    nesterov: bool
+    batch_norm_lr_multiplier: float
+    lookahead_steps: int  # 0: off
+    lookahead_alpha: float
+
+
+def optimizer_of(schedule: ScheduleSection) -> Optimizer:
+    """The optimizer of the ``schedule`` section's settings."""
+    return Optimizer(**{f.name: getattr(schedule, f.name)
+                        for f in dataclasses.fields(Optimizer)})
+
+
+def schedule_of(params: ScheduleSection, steps_per_epoch: int, total_steps: int,
+                global_batch: int) -> Schedule:
     """The schedule of ``params`` for a run of ``total_steps`` global steps of ``global_batch``
     images, ``steps_per_epoch`` of them an epoch.
 
@@ -96,7 +119,7 @@ def schedule_of(params: ModelParams, steps_per_epoch: int, total_steps: int,
     if params.lr_reference_batch:
         peak = params.learning_rate * global_batch / params.lr_reference_batch
     if params.lr_schedule == "he":
-        boundaries, factors = [int(total_steps * f) for f in HE_FRACTIONS], HE_FACTORS
+        boundaries, factors = _he_boundaries(total_steps), HE_FACTORS
     else:
         boundaries = [int(steps_per_epoch * e) for e in params.lr_boundary_epochs]
         factors = params.lr_decay_factors
@@ -108,9 +131,8 @@ def schedule_of(params: ModelParams, steps_per_epoch: int, total_steps: int,
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What this task runs: the settings as asked, and every fact resolved from them."""
+    """What this task runs: its role, and every fact resolved from the settings (no settings)."""
 
-    config: TrainConfig  # the settings as asked: ``config.precision`` may be the request "auto"
     role: Role
     precision: str  # "fp32" or "bf16": what the job computes in
     dataset: str
@@ -118,6 +140,13 @@ class Plan:
     train_records: int
     devices: tuple[str, ...]  # one per tower or replica of this worker
     data_format: str
+    strategy: str  # --distribution-strategy: towers, or an all-reduce strategy's replicas
+    variable_strategy: str  # where the variables live: "CPU" or "GPU"
+    # Whether a global step takes a batch from every worker (``steps_together``), and whether
+    # the towers' gradients meet in SyncReplicasOptimizer (--sync).
+    steps_together: bool
+    sync_replicas: bool
+    all_reduce_trainer: bool  # a training task of a multi-worker all-reduce job
     worker_batch: int  # images per step of one worker, split over its towers or replicas
     replica_batch: int  # images per tower or replica
     global_batch: int  # images per global step: the schedule's and the epoch's unit
@@ -126,9 +155,13 @@ class Plan:
     run_epochs: Optional[float]  # the length in epochs, where it was given in epochs
     length_from: str  # which setting gave the length, for the log
     schedule: Schedule  # the learning rate over the run's global steps
-    # The first low_res_fraction of the steps train at --low-res-size: the flag, or the recipe's
-    # share for train_records (the settings record keeps this value, as it does the precision).
+    optimizer: Optimizer  # momentum, Nesterov, Lookahead, the batch norm's rate
+    # The first low_res_fraction of the steps train at low_res_size pixels: the flag, or the
+    # recipe's share for train_records (the settings record keeps this value, as it does the
+    # precision); low_res_from says which, for the log.
     low_res_fraction: float
+    low_res_size: int
+    low_res_from: str
 
     @property
     def num_classes(self) -> int:
@@ -139,12 +172,9 @@ class Plan:
         return DTYPES[self.precision]
 
     @property
-    def steps_together(self) -> bool:
-        return steps_together(self.config)
-
-    @property
-    def all_reduce_trainer(self) -> bool:
-        return all_reduce_trainer(self.config, self.role)
+    def towers(self) -> bool:
+        """Hand-built towers rather than the replicas of a tf.distribute strategy."""
+        return self.strategy == TOWERS
 
     @property
     def schedule_spans(self) -> Optional[int]:
@@ -154,7 +184,7 @@ class Plan:
 
     @property
     def low_res_steps(self) -> int:
-        """The global steps that train on pictures scaled down to --low-res-size."""
+        """The global steps that train on pictures scaled down to low_res_size."""
         return int(self.low_res_fraction * self.train_steps)
 
     def worker_images(self, steps: int) -> int:
@@ -166,13 +196,13 @@ class Plan:
     def with_length(self, train_steps: int) -> "Plan":
         """This plan with a run of ``train_steps`` global steps (its schedule spanning them):
         what ``--change-settings`` compares a job's recorded length with."""
-        return dataclasses.replace(self, train_steps=train_steps, schedule=schedule_of(
-            self.config, self.steps_per_epoch, train_steps, self.global_batch))
+        return dataclasses.replace(self, train_steps=train_steps,
+                                   schedule=self.schedule.with_length(train_steps))
 
 
-def resolve(config: TrainConfig, role: Role, *, dataset: str, class_names: Sequence[str],
+def resolve(settings: Settings, role: Role, *, dataset: str, class_names: Sequence[str],
             train_records: int, precision: str) -> Plan:
-    """The plan of ``config`` for the task ``role``, with ``train_records`` training records
+    """The plan of ``settings`` for the task ``role``, with ``train_records`` training records
     and the job's ``precision`` (fp32 or bf16: "auto" is resolved before, by
     ``platform.precision_probe.choose_training``).
 
@@ -182,28 +212,37 @@ def resolve(config: TrainConfig, role: Role, *, dataset: str, class_names: Seque
     """
     if precision not in DTYPES:
         raise ValueError(f"a plan's precision is fp32 or bf16, not {precision!r}")
-    devices = tower_devices(config)
-    per_global_step = global_batch(config, role.num_trainers)
+    model, schedule, devices, cluster = (settings.model, settings.schedule, settings.devices,
+                                         settings.cluster)
+    towers = devices.tower_devices
+    per_global_step = global_batch(schedule.train_batch_size, cluster, role.num_trainers)
     steps_per_epoch = max(1, train_records // per_global_step)
     epochs, length_from = None, "--train-steps"
-    if config.train_steps is not None:
-        train_steps = config.train_steps
-    elif config.train_epochs is not None:
-        epochs, length_from = config.train_epochs, "--train-epochs"
+    if schedule.train_steps is not None:
+        train_steps = schedule.train_steps
+    elif schedule.train_epochs is not None:
+        epochs, length_from = schedule.train_epochs, "--train-epochs"
     else:
-        epochs = recipe_epochs(config.recipe, train_records)
-        length_from = (f"the {config.recipe} recipe's length for {train_records:,} records"
-                       if epochs is not None else f"the {config.model} model's length")
-    if config.train_steps is None:
+        epochs = recipe_epochs(schedule.recipe, train_records)
+        length_from = (f"the {schedule.recipe} recipe's length for {train_records:,} records"
+                       if epochs is not None else f"the {model.model} model's length")
+    if schedule.train_steps is None:
         train_steps = (math.ceil(epochs * steps_per_epoch) if epochs is not None
-                       else MODELS[config.model]["train_steps"])
+                       else MODELS[model.model]["train_steps"])
+    low_res_given = schedule.low_res_fraction is not None
     return Plan(
-        config=config, role=role, precision=precision, dataset=dataset,
-        class_names=tuple(class_names), train_records=train_records, devices=devices,
-        data_format=data_format(config), worker_batch=config.train_batch_size,
-        replica_batch=config.train_batch_size // len(devices), global_batch=per_global_step,
+        role=role, precision=precision, dataset=dataset, class_names=tuple(class_names),
+        train_records=train_records, devices=towers,
+        data_format=data_format(model.model, devices), strategy=cluster.distribution_strategy,
+        variable_strategy=devices.variable_strategy, steps_together=steps_together(cluster),
+        sync_replicas=cluster.sync, all_reduce_trainer=all_reduce_trainer(cluster, role),
+        worker_batch=schedule.train_batch_size,
+        replica_batch=schedule.train_batch_size // len(towers), global_batch=per_global_step,
         steps_per_epoch=steps_per_epoch, train_steps=train_steps, run_epochs=epochs,
         length_from=length_from,
-        schedule=schedule_of(config, steps_per_epoch, train_steps, per_global_step),
-        low_res_fraction=(config.low_res_fraction if config.low_res_fraction is not None
-                          else recipe_low_res_fraction(config.recipe, train_records)))
+        schedule=schedule_of(schedule, steps_per_epoch, train_steps, per_global_step),
+        optimizer=optimizer_of(schedule), low_res_fraction=(schedule.low_res_fraction if low_res_given
+                          else recipe_low_res_fraction(schedule.recipe, train_records)),
+        low_res_size=schedule.low_res_size,
+        low_res_from=("--low-res-fraction" if low_res_given else
+                      f"the {schedule.recipe} recipe's share for {train_records:,} records"))

@@ -30,7 +30,7 @@ from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_model, checkpoint_step
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.config.overlays import TUTORIAL_CNN_AVERAGE_DECAY
-from cifar10_estimator.config.settings import EXPORT_SUBDIR, ModelParams
+from cifar10_estimator.config.settings import EXPORT_SUBDIR, ModelSection
 from cifar10_estimator.serving import client, formats, runtimes
 from cifar10_estimator.serving.export import EVAL_METRICS_FILE, EXPORT_INFO_FILE
 from cifar10_estimator.serving.signatures import AVERAGE_SUFFIX, FrozenWeights, ServingModule
@@ -183,16 +183,16 @@ def _checkpoint_path(job_dir: str, checkpoint: Optional[str]) -> str:
 
 
 def _recorded_params(job_dir: str, checkpoint: str,
-                     found: Optional[tuple[ModelParams, int]]) -> tuple[ModelParams, str]:
+                     found: Optional[tuple[ModelSection, int]]) -> tuple[ModelSection, str]:
     """The network and its averaging as the job dir recorded them, and the precision it trained
     in; for a job dir without ``settings.json`` (older versions), as the checkpoint's variables
     show them (``found``, from ``checkpoint_model``), and fp32."""
     recorded = settings_record.read(job_dir)
     if recorded is not None:
-        fields = {f.name for f in dataclasses.fields(ModelParams)}
+        fields = {f.name for f in dataclasses.fields(ModelSection)}
         values = {k: tuple(v) if isinstance(v, list) else v
                   for k, v in recorded.items() if k in fields}
-        return ModelParams(**values), recorded.get("precision", "fp32")
+        return ModelSection(**values), recorded.get("precision", "fp32")
     if found is None:
         raise UserError(f"{checkpoint} holds neither network's variables; pass a job dir of "
                         f"this package")
@@ -210,7 +210,7 @@ def _load_checkpoint(job_dir: str, checkpoint: str, class_names: Optional[tuple[
     num_classes = found[1] if found else schema.NUM_CLASSES
     if class_names is None or len(class_names) != num_classes:
         class_names = schema.placeholder_class_names(num_classes)
-    settings = ModelSettings(params=params, class_names=class_names)
+    settings = ModelSettings(model=params, class_names=class_names)
     exported = _job_export_dtype(job_dir)
     if exported or compute_dtype:
         settings = dataclasses.replace(

@@ -25,13 +25,13 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import networks
 from cifar10_estimator.model.checkpoints import checkpoint_model, model_flags
 from cifar10_estimator.model.model_fn import NAN_LOSS_MESSAGE
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import ModelSection
 
 # Writes that found no room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE).
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def check_job_dir(job_dir: str, params: ModelParams,
+def check_job_dir(job_dir: str, params: ModelSection,
                   num_classes: int = schema.NUM_CLASSES) -> None:
     """Creates ``job_dir`` if needed; UserError if it is unusable or holds another model."""
     storage.check_writable(job_dir, "--job-dir")

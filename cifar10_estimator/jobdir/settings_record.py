@@ -27,7 +27,6 @@ would resolve it otherwise is refused like a changed flag).
 The file is JSON with one flag per line, for people as much as for the package.
 """
 
-import dataclasses
 import json
 import logging
 import math
@@ -39,7 +38,7 @@ from cifar10_estimator import __version__, storage
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.config.fields import AT_LEAST_1, flag, shown
 from cifar10_estimator.config.plan import Plan
-from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
+from cifar10_estimator.config.settings import FIELDS, RUN_FIELDS, TYPES
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -55,21 +54,23 @@ _LABELS = {"dataset": "the data set's dataset", "num_classes": "the data set's n
                            "--train-epochs)"}
 
 
-def of_plan(plan: Plan) -> dict[str, Any]:
-    """The values that define ``plan``'s run, as the record keeps them."""
-    return run_settings(plan.config, plan.dataset, plan.num_classes, plan.schedule_spans,
+def of_plan(plan: Plan, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The values that define ``plan``'s run, as the record keeps them; ``settings`` are the
+    job's, by name (``Settings.flat``)."""
+    return run_settings(settings, plan.dataset, plan.num_classes, plan.schedule_spans,
                         precision=plan.precision, low_res_fraction=plan.low_res_fraction)
 
 
-def run_settings(config: TrainConfig, dataset: str, num_classes: int,
+def run_settings(settings: Mapping[str, Any], dataset: str, num_classes: int,
                  schedule_steps: Optional[int] = None, *,
                  precision: Optional[str] = None,
                  low_res_fraction: Optional[float] = None) -> dict[str, Any]:
     """The values that define the run, as JSON values: ``precision`` the one the job computes
-    in (else ``config``'s, when that is not "auto"), ``low_res_fraction`` the share the plan
-    resolved (else ``config``'s, when a recipe's does not follow the data's size);
-    ``schedule_steps`` for a schedule whose shape depends on the run's length."""
-    values: dict[str, Any] = {name: getattr(config, name) for name in RUN_FIELDS}
+    in (else the settings', when that is not "auto"), ``low_res_fraction`` the share the plan
+    resolved (else the settings', when a recipe's does not follow the data's size);
+    ``schedule_steps`` for a schedule whose shape depends on the run's length. ``settings``:
+    every setting by name (``Settings.flat``)."""
+    values: dict[str, Any] = {name: settings[name] for name in RUN_FIELDS}
     if precision is not None:
         values["precision"] = precision
     if low_res_fraction is not None:
@@ -123,8 +124,7 @@ def _read_written(job_dir: str) -> Optional[dict]:
     return settings
 
 
-_HINTS = typing.get_type_hints(TrainConfig)
-_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_FIELDS = {f.name: f for f in FIELDS}
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -136,7 +136,7 @@ def _problem(name: str, value: Any) -> Optional[str]:
         tp = str if name == "dataset" else int
         check = None if name == "dataset" else AT_LEAST_1
     elif name in RUN_FIELDS:
-        tp, check = _HINTS[name], _FIELDS[name].metadata.get("check")
+        tp, check = TYPES[name], _FIELDS[name].metadata.get("check")
         if typing.get_origin(tp) is typing.Union:  # None is a request the plan resolves
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
     else:

@@ -13,7 +13,7 @@ from typing import Optional
 import tensorflow as tf
 
 from cifar10_estimator.data import schema
-from cifar10_estimator.config.settings import RESNET, TUTORIAL_CNN, ModelParams, depth
+from cifar10_estimator.config.settings import RESNET, TUTORIAL_CNN, ModelSection, depth
 
 _BLOCK = re.compile(r"^resnet/stage(\d)/block(\d+)/")
 _TUTORIAL_OUTPUT = "tutorial_cnn/softmax_linear/biases"  # its class count is its shape
@@ -57,22 +57,22 @@ def checkpoint_gone(checkpoint_path: str) -> bool:
     return not tf.io.gfile.glob(checkpoint_path + ".index")
 
 
-def checkpoint_model(checkpoint_path: str) -> Optional[tuple[ModelParams, int]]:
-    """The network in a checkpoint, from its variables: its ``ModelParams`` (``model``, and
+def checkpoint_model(checkpoint_path: str) -> Optional[tuple[ModelSection, int]]:
+    """The network in a checkpoint, from its variables: its ``ModelSection`` (``model``, and
     for a ResNet ``num_layers`` and ``resnet_version``) and its class count; None if it holds
     neither network. Raises ``tf.errors.OpError`` if it cannot be read."""
     shapes = variable_shapes(checkpoint_path)
     if _TUTORIAL_OUTPUT in shapes:
-        return ModelParams(model=TUTORIAL_CNN), shapes[_TUTORIAL_OUTPUT][0]
+        return ModelSection(model=TUTORIAL_CNN), shapes[_TUTORIAL_OUTPUT][0]
     blocks = {int(m.group(2)) for m in map(_BLOCK.match, shapes) if m and m.group(1) == "1"}
     if not blocks:
         return None
     version = 2 if "resnet/final_bn/gamma" in shapes else 1
     classes = shapes.get("resnet/dense/bias", [schema.NUM_CLASSES])[0]
-    return ModelParams(num_layers=depth(max(blocks) + 1), resnet_version=version), classes
+    return ModelSection(num_layers=depth(max(blocks) + 1), resnet_version=version), classes
 
 
-def model_flags(params: ModelParams) -> str:
+def model_flags(params: ModelSection) -> str:
     """The flags that ask for the network of ``params``."""
     if params.model == TUTORIAL_CNN:
         return f"--model {TUTORIAL_CNN}"

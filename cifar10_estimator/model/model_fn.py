@@ -18,8 +18,8 @@ import tensorflow as tf
 from cifar10_estimator.data import pipeline, schema
 from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules,
                                      sync_replicas, towers, whitening)
-from cifar10_estimator.config.plan import Plan, Schedule
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.plan import Optimizer, Plan, Schedule, optimizer_of
+from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -38,13 +38,18 @@ PRECISE_BN_UPDATES = "precise_batch_norm_updates"
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """What the model_fn reads: the hyperparameters and the facts of the task's plan
-    (``ModelSettings.of``). The defaults are one worker's tower on ``/cpu:0`` in float32."""
+    """What the model_fn reads: the network's settings (``ModelSection``) and the facts of the
+    task's plan (``ModelSettings.of``). The defaults are one worker's tower on ``/cpu:0`` in
+    float32."""
 
-    params: ModelParams = ModelParams()
+    model: ModelSection = ModelSection()
+    # Momentum, Nesterov, Lookahead, the batch norm's rate: the settings' defaults.
+    optimizer: Optimizer = optimizer_of(ScheduleSection())
     data_format: str = "channels_last"
     schedule: Schedule = Schedule()  # the learning rate over the run's global steps
     devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
+    variable_strategy: str = "CPU"  # where the variables live (``towers``)
+    sync_replicas: bool = False  # the towers' gradients meet in SyncReplicasOptimizer
     num_workers: int = 1  # training tasks: SyncReplicasOptimizer aggregates one per worker
     is_chief: bool = True
     compute_dtype: str = "float32"
@@ -52,20 +57,24 @@ class ModelSettings:
     class_names: Sequence[str] = schema.CLASS_NAMES
     # The records folder whose training pictures give the whitening filters (training only).
     data_dir: Optional[str] = None
-    # Global steps that train on pictures scaled down to params.low_res_size (--low-res-fraction
-    # of the run's, or the recipe's share: Plan.low_res_steps).
+    # Global steps that train on pictures scaled down to low_res_size pixels
+    # (--low-res-fraction of the run's, or the recipe's share: Plan.low_res_steps).
     low_res_steps: int = 0
+    low_res_size: int = 32
 
     @classmethod
-    def of(cls, plan: Plan, compute_dtype: Optional[str] = None) -> "ModelSettings":
-        """The plan's view for the model_fn; ``compute_dtype`` for an export that computes in
-        another precision than the job trains in (``--serving-precision``)."""
-        return cls(params=plan.config.model_params(), data_format=plan.data_format,
+    def of(cls, plan: Plan, model: ModelSection, data_dir: Optional[str],
+           compute_dtype: Optional[str] = None) -> "ModelSettings":
+        """The plan's view for the model_fn, with the network's settings and the records
+        folder; ``compute_dtype`` for an export that computes in another precision than the
+        job trains in (``--serving-precision``)."""
+        return cls(model=model, optimizer=plan.optimizer, data_format=plan.data_format,
                    schedule=plan.schedule, devices=plan.devices,
+                   variable_strategy=plan.variable_strategy, sync_replicas=plan.sync_replicas,
                    num_workers=plan.role.num_trainers, is_chief=plan.role.is_chief,
                    compute_dtype=compute_dtype or plan.compute_dtype,
-                   class_names=plan.class_names, data_dir=plan.config.data_dir,
-                   low_res_steps=plan.low_res_steps)
+                   class_names=plan.class_names, data_dir=data_dir,
+                   low_res_steps=plan.low_res_steps, low_res_size=plan.low_res_size)
 
     @property
     def num_classes(self) -> int:
@@ -87,7 +96,7 @@ class _Towers:
 def _whitening_sample(s: ModelSettings):
     """In training with ``--whitening-patch``, what gives the pictures the whitening filters
     are computed from (``whitening.SAMPLE_PICTURES``, spread over the training file)."""
-    if not s.params.whitening_patch or s.data_dir is None:
+    if not s.model.whitening_patch or s.data_dir is None:
         return None
 
     # Built when called: by the layer's initialiser, once per graph, not once per tower.
@@ -109,7 +118,7 @@ def _sized_for_step(images, s: ModelSettings):
     """
     if not s.low_res_steps:
         return images
-    size = s.params.low_res_size
+    size = s.low_res_size
     step = tf.compat.v1.train.get_or_create_global_step()
     # Antialiased: a plain bilinear scale-down by 3/4 skips pixels and aliases thin edges.
     return tf.cond(step < s.low_res_steps,
@@ -119,7 +128,7 @@ def _sized_for_step(images, s: ModelSettings):
 
 def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     """One tower: logits, and in training/eval the loss (cross-entropy + weight decay)."""
-    p = s.params
+    p = s.model
     # Evaluation and prediction fold each batch norm into its convolution, as the export does
     # (serving.signatures): they compute what is served, and faster in bf16 (docs/performance.md,
     # "End of training").
@@ -162,16 +171,16 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
     devices = (list(s.devices) if mode != tf.estimator.ModeKeys.PREDICT and not replicas
                else [s.devices[0]])
     setters = ([lambda op: op.device or ""] if replicas else
-               towers.make_device_setters(devices, s.params.variable_strategy))
+               towers.make_device_setters(devices, s.variable_strategy))
     image_shards = towers.split_batch(images, len(devices))
     label_shards = (towers.split_batch(labels, len(devices)) if labels is not None
                     else [None] * len(devices))
-    bn_decay = s.params.batch_norm_decay
+    bn_decay = s.model.batch_norm_decay
     if is_training:
         with tf.compat.v1.device("" if replicas else towers.consolidation_device(
-                s.params.variable_strategy, devices)):
+                s.variable_strategy, devices)):
             scheduled = schedules.batch_norm_decay_schedule(
-                tf.compat.v1.train.get_or_create_global_step(), s.params.batch_norm_decay)
+                tf.compat.v1.train.get_or_create_global_step(), s.model.batch_norm_decay)
             # Fed the batch count k by precise batch norm, the decay is k / (k + 1): the moving
             # statistics become the plain mean of the batches' statistics.
             count = tf.compat.v1.placeholder_with_default(-1.0, [], name=PRECISE_BN_COUNT)
@@ -179,7 +188,7 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
             bn_decay = tf.where(count >= 0, count / (count + 1.0), scheduled)
     built = _Towers()
     for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
-        with tf.compat.v1.variable_scope(networks.SCOPES[s.params.model],
+        with tf.compat.v1.variable_scope(networks.SCOPES[s.model.model],
                                          reuse=True if i > 0 else None), \
                 tf.name_scope(f"tower_{i}") as scope, tf.compat.v1.device(setter):
             logits, xent, l2 = _tower(x, y, is_training, s, bn_decay)
@@ -214,9 +223,9 @@ def moving_average(s: ModelSettings, global_step=None
     Its shadows are ``<variable>/ExponentialMovingAverage`` in the checkpoints; with
     ``num_updates`` (the global step) the decay starts low and grows to the one asked for.
     """
-    if not s.params.moving_average_decay:
+    if not s.model.moving_average_decay:
         return None
-    return tf.compat.v1.train.ExponentialMovingAverage(s.params.moving_average_decay,
+    return tf.compat.v1.train.ExponentialMovingAverage(s.model.moving_average_decay,
                                                        num_updates=global_step)
 
 
@@ -233,12 +242,12 @@ def _averaged_weights_scaffold(s: ModelSettings) -> Optional[tf.compat.v1.train.
 def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings):
     """One optimizer update from the towers' averaged gradients (then the weights' moving
     average, if on); and the hooks it needs."""
-    optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.params.momentum,
-                                                     use_nesterov=s.params.nesterov)
+    optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.optimizer.momentum,
+                                                     use_nesterov=s.optimizer.nesterov)
     hooks = []
     average = moving_average(s, global_step)
     weights = tf.compat.v1.trainable_variables()
-    if s.params.sync:
+    if s.sync_replicas:
         # The chief applies the average after each aggregated update, once per global step.
         optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
             optimizer, replicas_to_aggregate=s.num_workers, total_num_replicas=s.num_workers,
@@ -257,10 +266,10 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
     # first) may already have saved the NaN weights.
     with tf.control_dependencies([tf.debugging.check_numerics(loss, NAN_LOSS_MESSAGE)]):
         apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
-    if s.params.lookahead_steps:
-        apply_op = lookahead.step(apply_op, weights, global_step, s.params.lookahead_steps,
-                                  s.params.lookahead_alpha)
-    if average is not None and not s.params.sync:
+    if s.optimizer.lookahead_steps:
+        apply_op = lookahead.step(apply_op, weights, global_step, s.optimizer.lookahead_steps,
+                                  s.optimizer.lookahead_alpha)
+    if average is not None and not s.sync_replicas:
         with tf.control_dependencies([apply_op]):  # the average of the updated weights
             apply_op = average.apply(weights)
     return tf.group(apply_op, *built.update_ops), hooks
@@ -270,7 +279,7 @@ def _batch_norm_rates(gradvars, s: ModelSettings):
     """The gradients of the batch-norm scales and shifts times ``batch_norm_lr_multiplier``:
     with momentum SGD, a gradient k times larger is a learning rate k times larger for that
     variable alone."""
-    factor = s.params.batch_norm_lr_multiplier
+    factor = s.optimizer.batch_norm_lr_multiplier
     if factor == 1:
         return gradvars
     return [(g * factor if v.op.name.endswith(resnet.BATCH_NORM_PARAMETERS) else g, v)
@@ -313,7 +322,7 @@ def make_model_fn(s: ModelSettings):
             images = _sized_for_step(images, s)
         built = _build_towers(images, labels, mode, s)
         with tf.compat.v1.device("" if _replicas() else towers.consolidation_device(
-                s.params.variable_strategy, s.devices)):
+                s.variable_strategy, s.devices)):
             logits = tf.concat(built.logits, axis=0) if len(built.logits) > 1 else built.logits[0]
             classes = tf.argmax(logits, axis=1, name="classes")
             predictions = {"classes": classes,

@@ -12,21 +12,21 @@ import tensorflow as tf
 
 from cifar10_estimator.data import pipeline
 from cifar10_estimator.model import resnet, tutorial_cnn
-from cifar10_estimator.config.settings import RESNET, TUTORIAL_CNN, ModelParams
+from cifar10_estimator.config.settings import RESNET, TUTORIAL_CNN, ModelSection
 
 # The variable scope of each network's weights: the first word of every checkpoint name.
 SCOPES = {RESNET: "resnet", TUTORIAL_CNN: "tutorial_cnn"}
 AUGMENTATIONS = {RESNET: pipeline.PAD_CROP_FLIP, TUTORIAL_CNN: pipeline.CROP_FLIP_COLOUR}
 
 
-def describe(params: ModelParams) -> str:
+def describe(params: ModelSection) -> str:
     """The network's name for people: ``ResNet-20 v1``, ``the tutorial CNN``."""
     if params.model == TUTORIAL_CNN:
         return "the tutorial CNN"
     return f"ResNet-{params.num_layers} v{params.resnet_version}"
 
 
-def logits(images: tf.Tensor, params: ModelParams, *, is_training: bool, num_classes: int,
+def logits(images: tf.Tensor, params: ModelSection, *, is_training: bool, num_classes: int,
            data_format: str = "channels_last", compute_dtype: tf.DType = tf.float32,
            batch_norm_decay=None, fold_batch_norm: bool = False,
            whitening_sample: Optional[Callable[[], tf.Tensor]] = None) -> tf.Tensor:
@@ -58,7 +58,7 @@ def logits(images: tf.Tensor, params: ModelParams, *, is_training: bool, num_cla
     return total
 
 
-def test_time_views(images: tf.Tensor, params: ModelParams) -> list[tuple[tf.Tensor, float]]:
+def test_time_views(images: tf.Tensor, params: ModelSection) -> list[tuple[tf.Tensor, float]]:
     """The views of ``images`` whose logits evaluation and serving average, with their
     weights (summing to 1): the pictures; with ``test_time_mirror`` each also mirrored left to
     right, the flip training applies (``AUGMENTATIONS``); with ``test_time_shift`` S, also the
@@ -77,7 +77,7 @@ def test_time_views(images: tf.Tensor, params: ModelParams) -> list[tuple[tf.Ten
     return views
 
 
-def _network(images, params: ModelParams, *, is_training, num_classes, data_format,
+def _network(images, params: ModelSection, *, is_training, num_classes, data_format,
              compute_dtype, batch_norm_decay, fold_batch_norm, whitening_sample) -> tf.Tensor:
     if params.model == TUTORIAL_CNN:
         return tutorial_cnn.tutorial_cnn(images, num_classes=num_classes,
@@ -94,7 +94,7 @@ def _network(images, params: ModelParams, *, is_training, num_classes, data_form
         whitening_sample=whitening_sample)
 
 
-def decayed_weights(params: ModelParams, variables: Sequence[tf.Variable]) -> list:
+def decayed_weights(params: ModelSection, variables: Sequence[tf.Variable]) -> list:
     """The variables the weight decay covers: all of the ResNet's (the ResNet tutorial's L2
     term covers batch-norm scales and the dense bias too), or with ``params.no_bias_decay``
     its kernels only; the tutorial CNN's hidden-layer weights only

@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from cifar10_estimator.config import plan as plans
-from cifar10_estimator.config.plan import DTYPES, Plan
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.plan import DTYPES
+from cifar10_estimator.config.settings import DevicesSection, ModelSection, ScheduleSection
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import networks
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
@@ -35,7 +35,6 @@ from cifar10_estimator.platform import precision, precision_cache
 from cifar10_estimator.platform.cpu import CpuInfo
 from cifar10_estimator.platform.precision import Choice, Measured
 from cifar10_estimator.platform.precision_cache import PrecisionCache
-from cifar10_estimator.platform.session import session_config
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -93,7 +92,6 @@ def measure_training(settings, batch_size: int, session_config: tf.compat.v1.Con
     """
     started = time.perf_counter()
     images, labels = _random_batch(batch_size, settings.num_classes)
-    params = dataclasses.replace(settings.params, sync=False)
     sessions, calls = [], {}
     try:
         for name, dtype in DTYPES.items():
@@ -101,7 +99,8 @@ def measure_training(settings, batch_size: int, session_config: tf.compat.v1.Con
             with graph.as_default():
                 tf.compat.v1.set_random_seed(0)
                 spec = make_model_fn(dataclasses.replace(
-                    settings, params=params, compute_dtype=dtype, num_workers=1, is_chief=True))(
+                    settings, sync_replicas=False, compute_dtype=dtype, num_workers=1,
+                    is_chief=True))(
                     {"image": tf.constant(images)}, tf.constant(labels),
                     tf.estimator.ModeKeys.TRAIN)
                 init = tf.compat.v1.global_variables_initializer()
@@ -143,7 +142,7 @@ def serving_choice(requested: str, trained: str, settings, cpu: CpuInfo, onednn:
                    cache: PrecisionCache) -> Choice:
     """``--serving-precision`` resolved for the export of ``settings`` (a model trained in
     ``trained``), measured at ``SERVING_BATCH`` and cached."""
-    work = f"serving {networks.describe(settings.params)}, batch {SERVING_BATCH}"
+    work = f"serving {networks.describe(settings.model)}, batch {SERVING_BATCH}"
     return precision.resolve_serving_precision(
         requested, trained, cpu, onednn=onednn,
         measure=lambda: precision_cache.measured(
@@ -166,42 +165,48 @@ def check_requested(requested: str, num_gpus: int, machine: Machine) -> None:
                               gpu_capabilities=precision.gpu_capabilities(num_gpus))
 
 
-def choose_training(config: TrainConfig, class_names: Sequence[str], machine: Machine,
-                    recorded: Optional[str]) -> str:
-    """What ``config``'s job computes in: ``--precision`` itself, or for ``auto`` the job's
-    ``recorded`` choice, else what fits this machine (measured on one worker's training step,
-    on the devices and in the layout the plan will have, where the CPU has native bf16); logs
-    the CPU and the choice with its reason. It runs before the task's plan is made: the plan
-    holds the precision this returns."""
+def choose_training(model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
+                    session: tf.compat.v1.ConfigProto, data_dir: str,
+                    class_names: Sequence[str], machine: Machine, recorded: Optional[str]) -> str:
+    """What the job computes in: ``--precision`` (``devices.precision``) itself, or for
+    ``auto`` the job's ``recorded`` choice, else what fits this machine (measured on one
+    worker's training step of ``model`` at ``schedule``'s batch, on the devices and in the
+    layout the plan will have, in sessions configured by ``session``, where the CPU has native
+    bf16); logs the CPU and the choice with its reason. It runs before the task's plan is made:
+    the plan holds the precision this returns."""
     describe_cpu = machine.cpu.describe()
-    devices, layout = plans.tower_devices(config), plans.data_format(config)
-    work = (f"training {networks.describe(config)}, batch {config.train_batch_size} on "
-            f"{', '.join(devices)}, {layout}, threads "
-            f"{config.num_intra_threads}/{config.num_inter_threads}{', XLA' if config.xla else ''}")
-    step = ModelSettings(params=config.model_params(), data_format=layout, devices=devices,
-                         class_names=tuple(class_names), data_dir=config.data_dir)
+    towers, layout = devices.tower_devices, plans.data_format(model.model, devices)
+    batch = schedule.train_batch_size
+    work = (f"training {networks.describe(model)}, batch {batch} on "
+            f"{', '.join(towers)}, {layout}, threads "
+            f"{devices.num_intra_threads}/{devices.num_inter_threads}"
+            f"{', XLA' if devices.xla else ''}")
+    step = ModelSettings(model=model, optimizer=plans.optimizer_of(schedule),
+                         data_format=layout, devices=towers,
+                         variable_strategy=devices.variable_strategy,
+                         class_names=tuple(class_names), data_dir=data_dir)
     choice = precision.resolve_precision(
-        config.precision, machine.cpu, onednn=machine.onednn,
-        gpu_capabilities=precision.gpu_capabilities(config.num_gpus),
+        devices.precision, machine.cpu, onednn=machine.onednn,
+        gpu_capabilities=precision.gpu_capabilities(devices.num_gpus),
         measure=lambda: precision_cache.measured(
-            machine.cache, describe_cpu, work, lambda: measure_training(
-                step, config.train_batch_size, session_config(config))),
+            machine.cache, describe_cpu, work, lambda: measure_training(step, batch, session)),
         cached=precision_cache.cached(machine.cache, describe_cpu, work),
-        recorded=recorded if config.precision == "auto" else None)
+        recorded=recorded if devices.precision == "auto" else None)
     log.info("CPU: %s; oneDNN %s", describe_cpu, "on" if machine.onednn else "off")
-    log.info("precision %s: %s", config.precision, choice.reason)
+    log.info("precision %s: %s", devices.precision, choice.reason)
     if choice.warning:
         log.warning("warning: %s", choice.warning)
     return choice.precision
 
 
-def choose_serving(plan: Plan, machine: Machine) -> ModelSettings:
-    """What the task's exports compute with: ``plan``'s model in the precision
-    ``--serving-precision`` resolves to (``serving_choice``); logs the choice."""
-    settings = ModelSettings.of(plan)
-    choice = serving_choice(plan.config.serving_precision, plan.precision, settings,
-                            machine.cpu, machine.onednn, machine.cache)
-    log.info("serving precision %s: %s", plan.config.serving_precision, choice.reason)
+def choose_serving(trained: ModelSettings, requested: str, trained_in: str,
+                   machine: Machine) -> ModelSettings:
+    """What the task's exports compute with: the model of ``trained`` (the job's model_fn
+    settings, trained in ``trained_in``) in the precision ``requested``
+    (``--serving-precision``) resolves to (``serving_choice``); logs the choice."""
+    choice = serving_choice(requested, trained_in, trained, machine.cpu, machine.onednn,
+                            machine.cache)
+    log.info("serving precision %s: %s", requested, choice.reason)
     if choice.warning:
         log.warning("warning: %s", choice.warning)
-    return ModelSettings.of(plan, DTYPES[choice.precision])
+    return dataclasses.replace(trained, compute_dtype=DTYPES[choice.precision])

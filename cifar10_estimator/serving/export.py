@@ -119,7 +119,7 @@ def export_saved_model(settings: ModelSettings, checkpoint_path: str, export_dir
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             return pool.submit(export_saved_model, settings, checkpoint_path, export_dir,
                                metrics).result()
-    weights = FrozenWeights(checkpoint_path, averaged=bool(settings.params.moving_average_decay))
+    weights = FrozenWeights(checkpoint_path, averaged=bool(settings.model.moving_average_decay))
     requests = warmup.warmup_requests()
     module = ServingModule(settings, weights)
     remote = storage.is_url(export_dir)

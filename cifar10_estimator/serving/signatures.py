@@ -217,7 +217,7 @@ class ServingModule(tf.Module):
     def __init__(self, settings: ModelSettings, weights: "FrozenWeights | RandomWeights"):
         super().__init__()
         names = list(settings.class_names)
-        scope = networks.SCOPES[settings.params.model]
+        scope = networks.SCOPES[settings.model.model]
 
         # autograph=False throughout: this is graph-building Python whose loops and branches
         # are TensorFlow's own (tf.while_loop, tf.case), and autograph's rewriting of the
@@ -227,7 +227,7 @@ class ServingModule(tf.Module):
                      autograph=False)
         def network(images):
             with tf.compat.v1.variable_scope(scope, custom_getter=weights):
-                logits = networks.logits(images, settings.params, is_training=False,
+                logits = networks.logits(images, settings.model, is_training=False,
                                          num_classes=len(names), fold_batch_norm=True,
                                          compute_dtype=tf.as_dtype(settings.compute_dtype))
             # The names model_fn's predictions use, so Estimator.predict agrees with serving.

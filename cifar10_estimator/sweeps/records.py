@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence, TextIO
 
 from cifar10_estimator import storage
 from cifar10_estimator.config import checks, flags
-from cifar10_estimator.config.settings import EXPORT_SUBDIR, TrainConfig
+from cifar10_estimator.config.settings import EXPORT_SUBDIR, TYPES
 from cifar10_estimator.errors import UserError
 
 RECORD_FILE = "sweep.json"
@@ -98,7 +98,7 @@ def _actions(parser) -> dict[str, Any]:
 
 def _is_list(dest: str) -> bool:
     """Whether the setting takes comma-separated values (a tuple)."""
-    hint = typing.get_type_hints(TrainConfig).get(dest)
+    hint = TYPES.get(dest)
     return typing.get_origin(hint) is tuple
 
 

@@ -19,7 +19,7 @@ from typing import Mapping, Optional, Sequence
 
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, TOWERS,
-                                               TrainConfig)
+                                               ClusterSection, OutputSection)
 from cifar10_estimator.errors import UserError
 
 # A TensorFlow job name, as device names spell it (/job:NAME/task:0).
@@ -162,9 +162,9 @@ def estimator_tf_config(text: Optional[str], role: Role) -> Optional[str]:
     return json.dumps(value)
 
 
-def check_strategy(config: TrainConfig, role: Role) -> None:
-    """The cluster against --distribution-strategy, in one line."""
-    strategy, trainers = config.distribution_strategy, role.num_trainers
+def check_strategy(strategy: str, role: Role) -> None:
+    """The cluster against ``strategy`` (--distribution-strategy), in one line."""
+    trainers = role.num_trainers
     if not role.in_cluster:
         return  # a local run; a ps or an evaluator follows the trainers' strategy
     if strategy == TOWERS and trainers > 1 and not role.num_ps:
@@ -188,14 +188,14 @@ def describe(cluster: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{job} {', '.join(cluster[job])}" for job in sorted(cluster))
 
 
-def role_line(role: Role, config: TrainConfig) -> str:
+def role_line(role: Role, cluster: ClusterSection, output: OutputSection) -> str:
     """The log's line on this task's role (the task logs its plan once it has one)."""
     if role.task_type == "evaluator":
-        return (f"role: evaluator: evaluates new checkpoints in {config.job_dir} (at most every "
-                f"{config.eval_throttle_secs} s while training runs) and the final one at once")
+        return (f"role: evaluator: evaluates new checkpoints in {output.job_dir} (at most every "
+                f"{output.eval_throttle_secs} s while training runs) and the final one at once")
     if role.local:
         return "role: local (no cluster in TF_CONFIG)"
-    updates = ("collective all-reduce" if config.distribution_strategy != TOWERS else
-               "synchronous" if config.sync else "asynchronous")
+    updates = ("collective all-reduce" if cluster.distribution_strategy != TOWERS else
+               "synchronous" if cluster.sync else "asynchronous")
     return (f"role: {role.task_type} {role.task_id} of the cluster {describe(role.cluster)}; "
             f"{role.num_trainers} training task(s), {role.num_ps} ps, {updates} updates")

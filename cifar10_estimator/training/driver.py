@@ -33,10 +33,12 @@ from typing import Optional
 import tensorflow as tf
 
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import OutputSection, Settings
 from cifar10_estimator.task import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
+from cifar10_estimator.model import checkpoints
+from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.training import end, fence, specs, start
 from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.preemption import Preemption, stopped_line
@@ -47,32 +49,35 @@ log = logging.getLogger("cifar10_estimator")
 _REPORT_TIMEOUT_SECS = 30
 
 
-def train_and_evaluate(config: TrainConfig, role: Role, machine: start.Machine,
+def train_and_evaluate(settings: Settings, role: Role, machine: start.Machine,
                        preemption: Optional[Preemption] = None) -> TrainResult:
-    """Trains, evaluates and (on the chief) exports, as ``role`` (``distributed.tf_config.parse``
-    of TF_CONFIG's value) says. ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
+    """Trains, evaluates and (on the chief) exports, as ``role`` (``task.tf_config.parse`` of
+    TF_CONFIG's value) says. ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
-    and ``errors.Stopped``."""
+    and ``errors.Stopped``. The root of a task's run: it hands each part the sections of
+    ``settings`` that part reads."""
     preemption = preemption or Preemption()
+    job_dir = settings.output.job_dir
     preemption.before_exit(lambda stop: log.info(
-        stopped_line(stop, role, config.job_dir, preemption.last_step)))
+        stopped_line(stop, role, job_dir, preemption.last_step)))
     try:
         if role.task_type == "ps":
-            start.serve_variables(config, role)
+            start.serve_variables(settings.cluster, role)
             return TrainResult(None, None, role="ps")
-        start.check_machine(config, machine)
-        strategy = start.make_strategy(config, role)  # before TensorFlow's runtime starts
+        start.check_machine(settings, machine)
+        # Before TensorFlow's runtime starts.
+        strategy = start.make_strategy(settings.devices, settings.cluster, role)
         with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the end
-            task = start.start(config, role, machine, stack, preemption.before_exit, strategy)
+            task = start.start(settings, role, machine, stack, preemption.before_exit, strategy)
             try:
-                return _run(task, machine, preemption)
+                return _run(task, settings, machine, preemption)
             except Exception as e:
                 lost = fence.lock_loss(e)
                 if lost is None or lost is e:
                     raise
                 raise lost from None
     except Stopped as stop:
-        log.info(stopped_line(stop, role, config.job_dir, preemption.last_step))
+        log.info(stopped_line(stop, role, job_dir, preemption.last_step))
         raise
 
 
@@ -82,46 +87,54 @@ def _check_lock(task: start.Task) -> None:
         task.lock.check()
 
 
-def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> TrainResult:
+def _run(task: start.Task, settings: Settings, machine: start.Machine,
+         preemption: Preemption) -> TrainResult:
     plan = task.plan
-    config, role = plan.config, plan.role
+    role, data, output, cluster = plan.role, settings.data, settings.output, settings.cluster
+    trained = ModelSettings.of(plan, settings.model, data.data_dir)
     # What exports compute with, decided (and probed) once, by a task that exports.
-    serving = functools.cache(lambda: end.serving_settings(plan, machine))
+    serving = functools.cache(lambda: end.serving_settings(
+        trained, settings.devices.serving_precision, plan.precision, machine))
     if role.is_chief:
-        finished = end.finished(plan, serving)
+        finished = end.finished(plan, output, serving)
         if finished:
             return finished
     evaluates = role.local or role.task_type == "evaluator"
-    if role.is_chief or (evaluates and config.export_best):
+    if role.is_chief or (evaluates and output.export_best):
         serving()
-    estimator = specs.estimator(task)
-    best = end.best_export(plan, serving()) if (
-        config.export_best and (evaluates or role.is_chief)) else None
-    train_spec, eval_spec = specs.specs(task, preemption, best.consider if best else None)
+    estimator = specs.estimator(trained, specs.run_config(
+        task, data.seed, settings.devices, cluster, output, settings.logging))
+    best = end.best_export(plan, output, serving()) if (
+        output.export_best and (evaluates or role.is_chief)) else None
+    train_spec, eval_spec = specs.specs(
+        task, preemption, best.consider if best else None, data=data, model=settings.model,
+        cluster=cluster, output=output, logging_=settings.logging)
+    guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir)
     if role.task_type == "evaluator":
-        return _evaluate_only(task, estimator, eval_spec, best)
-    metrics = _train(task, preemption, estimator, train_spec, eval_spec)
+        return _evaluate_only(task, estimator, eval_spec, best, guard, output)
+    metrics = _train(task, preemption, estimator, train_spec, eval_spec, guard,
+                     cluster.cluster_timeout_secs, output.job_dir)
     _check_lock(task)  # nothing after training either: no evaluation, report or export
     if not role.is_chief:
         # Training ended at --train-steps (the input repeats), or at once at a later step it
         # found. The job dir may not show that step yet: the chief writes the last checkpoint
         # after the all-reduce of the last step, which this worker has already left (a worker
         # that took the step before for the end waited for an export never made).
-        step = max(plan.train_steps, specs.latest_step(task))
+        step = max(plan.train_steps, checkpoints.latest_step(output.job_dir))
         if plan.all_reduce_trainer:
             # The chief leads the job's coordination service and exports now (and, where it
             # evaluates at the end, reports): a worker that left first would be logged as
             # failed by that service once its heartbeats stop.
-            end.wait_for_end(plan, step, config.cluster_timeout_secs)
+            end.wait_for_end(plan, output, step, cluster.cluster_timeout_secs)
         steps = step - task.start_step
         return TrainResult(metrics, None, role=role.kind, steps_trained=steps,
                            images_trained=plan.worker_images(steps))
 
     def evaluate() -> dict:
-        with guards.training_errors(config.data_dir, config.job_dir):
+        with guard():
             return estimator.evaluate(eval_spec.input_fn, hooks=eval_spec.hooks)
 
-    metrics, export, report, step = end.conclude(plan, metrics, serving, evaluate,
+    metrics, export, report, step = end.conclude(plan, output, metrics, serving, evaluate,
                                                    lambda: _check_lock(task))
     steps = step - task.start_step
     result = TrainResult(metrics, export, report, steps, role.kind, plan.worker_images(steps))
@@ -133,7 +146,8 @@ def _run(task: start.Task, machine: start.Machine, preemption: Preemption) -> Tr
     return result
 
 
-def _evaluate_only(task: start.Task, estimator, eval_spec, best) -> TrainResult:
+def _evaluate_only(task: start.Task, estimator, eval_spec, best, guard,
+                   output: OutputSection) -> TrainResult:
     """The evaluator task: every new checkpoint until the final one."""
     plan = task.plan
 
@@ -142,30 +156,31 @@ def _evaluate_only(task: start.Task, estimator, eval_spec, best) -> TrainResult:
         if best:
             best.consider(metrics, path)
 
-    with guards.training_errors(plan.config.data_dir, plan.config.job_dir):
+    with guard():
         metrics = evaluator.evaluate_checkpoints(
             estimator, eval_spec.input_fn, plan.train_steps,
-            plan.config.eval_throttle_secs, on_evaluation=after, hooks=eval_spec.hooks)
-    return TrainResult(metrics, None, end.write_report(plan, metrics), role="evaluator")
+            output.eval_throttle_secs, on_evaluation=after, hooks=eval_spec.hooks)
+    return TrainResult(metrics, None, end.write_report(plan, output.job_dir, metrics),
+                       role="evaluator")
 
 
-def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval_spec
-           ) -> Optional[dict]:
+def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval_spec, guard,
+           timeout_secs: int, job_dir: str) -> Optional[dict]:
     """Trains (and, locally, evaluates); returns the final evaluation's metrics, if any."""
     plan = task.plan
-    config, role = plan.config, plan.role
+    role = plan.role
     try:
-        with guards.training_errors(config.data_dir, config.job_dir):
+        with guard():
             result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
     except tf.errors.OpError as e:
         if plan.all_reduce_trainer and allreduce.is_lost_peer(e):
             allreduce.exit_for_restart(f"{role.task_type} {role.task_id}",
                                        f"training failed ({e.message.splitlines()[0]})",
-                                       config.job_dir)
+                                       job_dir)
         if not isinstance(e, tf.errors.DeadlineExceededError) or role.is_chief:
             raise
         raise UserError(f"the chief did not make the model ready within "
-                        f"{config.cluster_timeout_secs} s (--cluster-timeout-secs): "
+                        f"{timeout_secs} s (--cluster-timeout-secs): "
                         f"{e.message.splitlines()[0]}") from None
     preemption.check()  # a session that stopped for a signal: no report, no export
     if plan.all_reduce_trainer and task.agreed_stop.stopped:

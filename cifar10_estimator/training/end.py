@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from cifar10_estimator import storage
 from cifar10_estimator.config.plan import Plan
+from cifar10_estimator.config.settings import OutputSection
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.evaluation import offline, report
 from cifar10_estimator.model import checkpoints
@@ -47,24 +48,29 @@ class TrainResult:
 evaluation_line = report.evaluation_line
 
 
-def serving_settings(plan: Plan, machine: precision_probe.Machine) -> ModelSettings:
-    """What the task's exports compute with (``--serving-precision``, probed where it must be)."""
-    return precision_probe.choose_serving(plan, machine)
+def serving_settings(trained: ModelSettings, requested: str, trained_in: str,
+                     machine: precision_probe.Machine) -> ModelSettings:
+    """What the task's exports compute with: the model of ``trained`` (trained in
+    ``trained_in``) in the precision ``requested`` (``--serving-precision``, probed where it
+    must be)."""
+    return precision_probe.choose_serving(trained, requested, trained_in, machine)
 
 
-def best_export(plan: Plan, serving: ModelSettings) -> Optional[BestExport]:
+def best_export(plan: Plan, output: OutputSection, serving: ModelSettings
+                ) -> Optional[BestExport]:
     """``--export-best``'s exporter for the task that evaluates, else None."""
-    if not plan.config.export_best:
+    if not output.export_best:
         return None
     role = plan.role
     if role.in_cluster and "evaluator" not in role.cluster and role.is_chief:
         log.info("--export-best: the best export is made by the evaluator task, and this "
                  "cluster lists none (start one with the same flags and "
                  "TF_CONFIG task type 'evaluator')")
-    return BestExport(serving, plan.config.resolved_export_dir)
+    return BestExport(serving, output.resolved_export_dir)
 
 
-def conclude(plan: Plan, metrics: Optional[dict], serving: Callable[[], ModelSettings],
+def conclude(plan: Plan, output: OutputSection, metrics: Optional[dict],
+             serving: Callable[[], ModelSettings],
              evaluate: Callable[[], dict], check: Callable[[], None]
              ) -> tuple[Optional[dict], str, Optional[str], int]:
     """The chief's end of a run that trained: the final checkpoint evaluated if this run did
@@ -72,86 +78,88 @@ def conclude(plan: Plan, metrics: Optional[dict], serving: Callable[[], ModelSet
     exported unless an export of it exists, and reported.
     ``check`` re-checks the job dir's lock before each of these. Returns the final metrics,
     the export, the report (or None) and the final step."""
-    step = checkpoints.latest_step(plan.config.job_dir)
+    step = checkpoints.latest_step(output.job_dir)
     if plan.role.evaluates_at_end and (not metrics or metrics.get("global_step") != step):
         # Estimator evaluates only a checkpoint it saved in this run: the last one of a run
         # that stopped between its final save and its report is evaluated here, once.
         metrics = evaluate()
         log.info(evaluation_line(metrics))
         check()
-    export = export_of(plan, step) or export_final(plan, serving(), metrics)
+    export = export_of(output, step) or export_final(output, serving(), metrics)
     check()  # before the report
-    return metrics, export, write_report(plan, metrics), step
+    return metrics, export, write_report(plan, output.job_dir, metrics), step
 
 
-def export_final(plan: Plan, serving: ModelSettings, metrics: Optional[dict]) -> str:
+def export_final(output: OutputSection, serving: ModelSettings, metrics: Optional[dict]
+                 ) -> str:
     """Exports the job's latest checkpoint with ``serving``'s settings; ``metrics`` go with it
     when they are that checkpoint's."""
-    checkpoint = tf.train.latest_checkpoint(plan.config.job_dir)
+    checkpoint = tf.train.latest_checkpoint(output.job_dir)
     evaluated = metrics if metrics and metrics.get("global_step") == (
         checkpoints.checkpoint_step(checkpoint)) else None
-    path = export_saved_model(serving, checkpoint, plan.config.resolved_export_dir, evaluated)
+    path = export_saved_model(serving, checkpoint, output.resolved_export_dir, evaluated)
     log.info("exported SavedModel to %s", path)
     return path
 
 
-def export_of(plan: Plan, step: int) -> Optional[str]:
+def export_of(output: OutputSection, step: int) -> Optional[str]:
     """The newest export, if it was made of the checkpoint of ``step``."""
     try:
-        export = client.newest_export(plan.config.resolved_export_dir)
+        export = client.newest_export(output.resolved_export_dir)
     except UserError:
         return None
     return export if offline.export_info(export).get("global_step") == step else None
 
 
-def _report_of(plan: Plan, step: int) -> Optional[dict]:
+def _report_of(job_dir: str, step: int) -> Optional[dict]:
     """JOB/eval_report.json, if it reports the evaluation of ``step``."""
     try:
-        final = json.loads(storage.read_bytes(
-            storage.join(plan.config.job_dir, report.REPORT_FILE)))
+        final = json.loads(storage.read_bytes(storage.join(job_dir, report.REPORT_FILE)))
         return final if final["global_step"] == step else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def wait_for_end(plan: Plan, step: int, timeout_secs: float, poll_secs: float = 0.5) -> None:
+def wait_for_end(plan: Plan, output: OutputSection, step: int, timeout_secs: float,
+                 poll_secs: float = 0.5) -> None:
     """Waits until the chief has exported ``step`` and, where it evaluates at the end
     (``Role.chief_evaluates``), reported it: what a worker of an all-reduce job waits for
     before it leaves. One line naming ``--cluster-timeout-secs`` after ``timeout_secs``."""
     deadline = time.monotonic() + timeout_secs
-    while export_of(plan, step) is None or (plan.role.chief_evaluates
-                                            and _report_of(plan, step) is None):
+    while export_of(output, step) is None or (plan.role.chief_evaluates
+                                              and _report_of(output.job_dir, step) is None):
         if time.monotonic() > deadline:
             raise UserError(f"the chief's export of step {step} did not appear in "
-                            f"{plan.config.resolved_export_dir} within {timeout_secs:g} s "
+                            f"{output.resolved_export_dir} within {timeout_secs:g} s "
                             f"(--cluster-timeout-secs)")
         time.sleep(poll_secs)
 
 
-def finished(plan: Plan, serving: Callable[[], ModelSettings]) -> Optional[TrainResult]:
+def finished(plan: Plan, output: OutputSection, serving: Callable[[], ModelSettings]
+             ) -> Optional[TrainResult]:
     """The result of a job that already trained to its last step and exported it (and, run
     locally, reported its final evaluation), else None. A job that trained to its end and
     reported that step's evaluation but lost or never finished its export (a full disk) is
     exported here, once, with the report's figures and ``serving()``'s settings: nothing is
     trained or evaluated again."""
-    config = plan.config
-    step = checkpoints.latest_step(config.job_dir)
+    job_dir = output.job_dir
+    step = checkpoints.latest_step(job_dir)
     if step < plan.train_steps:
         return None
-    export = export_of(plan, step)
-    final = _report_of(plan, step)
+    export = export_of(output, step)
+    final = _report_of(job_dir, step)
     if final is None and not (export and not plan.role.evaluates_at_end):
         return None  # the task evaluates and reports below; the export is not made twice
     metrics = {"accuracy": float(final["accuracy"]), "global_step": step} if final else None
-    path = os.path.join(config.job_dir, report.REPORT_FILE) if final else None
+    path = os.path.join(job_dir, report.REPORT_FILE) if final else None
     shown = f", final accuracy {100 * metrics['accuracy']:.2f}%" if metrics else ""
     if export is None:
-        export = export_final(plan, serving(), metrics)
+        export = export_final(output, serving(), metrics)
         log.info("already trained to step %d in %s%s: nothing to train; exported its final "
-                 "checkpoint, which had no export, to %s", step, config.job_dir, shown, export)
+                 "checkpoint, which had no export, to %s", step, job_dir, shown, export)
     else:
         log.info("already trained to step %d in %s%s: nothing to train or export (%s); its "
-                 "export is %s%s", step, config.job_dir, shown, _longer(plan), export,
+                 "export is %s%s", step, job_dir, shown, _longer(plan), export,
                  f" and its report {path}" if path else "")
     return TrainResult(metrics, export, path, 0, plan.role.kind)
 
@@ -167,11 +175,11 @@ def _longer(plan: Plan) -> str:
     return f"raise {flag} to train longer"
 
 
-def write_report(plan: Plan, metrics: Optional[dict]) -> Optional[str]:
-    """Logs the final evaluation's per-class results and writes JOB/eval_report.json."""
+def write_report(plan: Plan, job_dir: str, metrics: Optional[dict]) -> Optional[str]:
+    """Logs the final evaluation's per-class results and writes ``job_dir``/eval_report.json."""
     if not metrics or "confusion_matrix" not in metrics:
         return None
     content = report.build(metrics, plan.class_names, plan.dataset)
     for line in report.log_lines(content):
         log.info(line)
-    return report.write(plan.config.job_dir, content)
+    return report.write(job_dir, content)

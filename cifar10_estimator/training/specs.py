@@ -1,19 +1,21 @@
 """What ``tf.estimator.train_and_evaluate`` is given for a started task: the ``RunConfig``, the
 ``TrainSpec`` and ``EvalSpec``, their input functions and hooks (progress, preemption, the job
-dir's lock, precise batch norm, a cluster's watchdogs), all read from the task's plan."""
+dir's lock, precise batch norm, a cluster's watchdogs), read from the task's plan and the
+sections of the settings each of them needs."""
 
 import logging
 from typing import Callable, Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.config.settings import TOWERS
+from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
+                                               LoggingSection, ModelSection, OutputSection)
 from cifar10_estimator.task import allreduce, peers
+from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.training.start import Task
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training.end import evaluation_line
 from cifar10_estimator.jobdir.lock import JobLock
-from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
 from cifar10_estimator.platform.session import session_config
 from cifar10_estimator.serving.best_export import BEST_SUBDIR
@@ -22,8 +24,10 @@ from cifar10_estimator.training import fence, precise_bn, progress
 log = logging.getLogger("cifar10_estimator")
 
 
-def run_config(task: Task) -> tf.estimator.RunConfig:
-    """The Estimator's RunConfig for ``task``.
+def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
+               cluster: ClusterSection, output: OutputSection, logging_: LoggingSection
+               ) -> tf.estimator.RunConfig:
+    """The Estimator's RunConfig for ``task``, with ``seed`` (``--seed``).
 
     Estimator reads TF_CONFIG itself for the cluster and the role (the command passes the
     value ``tf_config.parse`` read). With a tf.distribute strategy Estimator runs a multi-worker
@@ -32,23 +36,23 @@ def run_config(task: Task) -> tf.estimator.RunConfig:
     (every task reads as a chief 'worker'); the role is the plan's.
     """
     plan = task.plan
-    config, role = plan.config, plan.role
-    worker_delay = config.max_worker_delay_secs
+    role = plan.role
+    worker_delay = cluster.max_worker_delay_secs
     if worker_delay is None and plan.steps_together:
         # Staggering exists for async updates; a sync step waits for every worker anyway.
         worker_delay = 0
     filters = (peers.device_filters(role.task_type, role.task_id)
                # (An all-reduce step talks to every worker: no filters there.)
-               if role.in_cluster and config.distribution_strategy == TOWERS else ())
+               if role.in_cluster and plan.towers else ())
     try:
         return tf.estimator.RunConfig(
-            model_dir=config.job_dir,
-            tf_random_seed=config.seed,
-            session_config=session_config(config, filters),
-            save_checkpoints_steps=config.save_checkpoints_steps,
-            save_checkpoints_secs=config.checkpoint_secs,
-            keep_checkpoint_max=config.keep_checkpoint_max,
-            save_summary_steps=config.save_summary_steps,
+            model_dir=output.job_dir,
+            tf_random_seed=seed,
+            session_config=session_config(devices, logging_.log_device_placement, filters),
+            save_checkpoints_steps=output.save_checkpoints_steps,
+            save_checkpoints_secs=output.checkpoint_secs,
+            keep_checkpoint_max=output.keep_checkpoint_max,
+            save_summary_steps=logging_.save_summary_steps,
             # The checkpoint hook would otherwise serialise the whole training graph twice
             # more at start-up (graph.pbtxt and a .meta file with every checkpoint), about a
             # second for ResNet-44; TensorBoard still gets the graph from the event file, and
@@ -60,7 +64,7 @@ def run_config(task: Task) -> tf.estimator.RunConfig:
             log_step_count_steps=None,
             # A worker waits this long for the chief to initialise or restore the model
             # (SessionManager.wait_for_session); Estimator's default is 7200 s.
-            session_creation_timeout_secs=config.cluster_timeout_secs,
+            session_creation_timeout_secs=cluster.cluster_timeout_secs,
             experimental_max_worker_delay_secs=worker_delay,
             train_distribute=task.strategy)
     except ValueError as e:  # TF_CONFIG that Estimator refuses (its words span lines)
@@ -88,62 +92,65 @@ class _AfterEvaluation(tf.estimator.Exporter):
         return self._consider(eval_result, checkpoint_path) if self._consider else None
 
 
-def _progress_hook(task: Task) -> progress.ProgressHook:
-    plan, config = task.plan, task.plan.config
+def _progress_hook(plan: Plan, logging_: LoggingSection, job_dir: str
+                   ) -> progress.ProgressHook:
     return progress.ProgressHook(
         plan.worker_batch, plan.train_steps,
         plan.global_batch if plan.role.num_trainers > 1 else None,
-        every_secs=config.progress_secs,
-        summary_dir=config.job_dir if plan.role.is_chief else None,
-        summary_steps=config.save_summary_steps)
+        every_secs=logging_.progress_secs,
+        summary_dir=job_dir if plan.role.is_chief else None,
+        summary_steps=logging_.save_summary_steps)
 
 
-def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], object]]):
+def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], object]], *,
+          data: DataSection, model: ModelSection, cluster: ClusterSection,
+          output: OutputSection, logging_: LoggingSection):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``; ``preemption`` (a
     ``training.preemption.Preemption``) gives its hooks, ``consider`` sees each evaluation
     (``--export-best``)."""
     plan, lock = task.plan, task.lock
-    config, role = plan.config, plan.role
+    role, job_dir, timeout = plan.role, output.job_dir, cluster.cluster_timeout_secs
     all_reduce = plan.all_reduce_trainer
     # The lock's hook first: in an all-reduce task's session it then runs before the checkpoint
     # hooks, which Estimator gives no listener there.
-    lock_hooks = ([fence.LockHook(lock, (config.save_checkpoints_steps
+    lock_hooks = ([fence.LockHook(lock, (output.save_checkpoints_steps
                                          or fence.ALL_REDUCE_SAVE_STEPS)
                                   if all_reduce else None)] if lock is not None else [])
     listeners = [fence.LockListener(lock)] if lock is not None else []
-    train_hooks = [*lock_hooks, _progress_hook(task),
+    train_hooks = [*lock_hooks, _progress_hook(plan, logging_, job_dir),
                    preemption.training_hook(stop=not all_reduce)]
     if all_reduce:
         name = f"{role.task_type} {role.task_id}"
         train_hooks += [
             task.agreed_stop.hook(lambda: preemption.signum is not None,
                                   on_session=preemption.reinstall),
-            allreduce.RestartOnLostPeer(name, config.job_dir),
-            allreduce.JoinWithin(config.cluster_timeout_secs, (
+            allreduce.RestartOnLostPeer(name, job_dir),
+            allreduce.JoinWithin(timeout, (
                 f"every task of TF_CONFIG's chief and workers must run; {name} is waiting for "
                 f"the others")).start().hook()]
-    precise = config.precise_bn_batches and not config.moving_average_decay
-    asynchronous = role.in_cluster and role.num_ps and not config.sync
+    precise = model.precise_bn_batches and not model.moving_average_decay
+    asynchronous = role.in_cluster and role.num_ps and not plan.sync_replicas
     if role.is_chief and (precise or asynchronous):
         train_hooks.append(precise_bn.CheckpointHook(
-            config.job_dir, config.checkpoint_secs, config.save_checkpoints_steps,
+            job_dir, output.checkpoint_secs, output.save_checkpoints_steps,
             plan.train_steps, precise_bn.PreciseBatchNorm(
-                config.precise_bn_batches, plan.train_steps,
+                model.precise_bn_batches, plan.train_steps,
                 skip=lambda: preemption.signum is not None) if precise else None,
             listeners))
     if role.in_cluster and role.num_ps:
         train_hooks.append(peers.ParameterServerWatchdog(
-            role.ps_tasks, config.cluster_timeout_secs,
+            role.ps_tasks, timeout,
             "start it again on the same address and rerun the tasks that stopped with the "
             "same flags: the chief resumes from the latest checkpoint in --job-dir"))
     # Estimator adds a chief's saving listeners to its first checkpoint hook (the one above, or
     # its own), except under a multi-worker strategy, which takes none.
-    train_spec = tf.estimator.TrainSpec(_train_input(task), max_steps=plan.train_steps,
+    train_spec = tf.estimator.TrainSpec(_train_input(task, data.seed),
+                                        max_steps=plan.train_steps,
                                         hooks=train_hooks,
                                         saving_listeners=[] if all_reduce else listeners)
     eval_spec = tf.estimator.EvalSpec(
-        lambda: task.eval_data.make_batch(config.eval_batch_size),
-        steps=None, name=None, start_delay_secs=0, throttle_secs=config.eval_throttle_secs,
+        lambda: task.eval_data.make_batch(data.eval_batch_size),
+        steps=None, name=None, start_delay_secs=0, throttle_secs=output.eval_throttle_secs,
         exporters=[_AfterEvaluation(consider, lock)],
         # A local run's evaluations end too once the lock is lost.
         hooks=[preemption.evaluation_hook(),
@@ -151,12 +158,12 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
     return train_spec, eval_spec
 
 
-def _train_input(task: Task) -> Callable:
-    """The training input_fn: this worker's shard of the records; under a tf.distribute
-    strategy, Estimator calls it per input pipeline for batches of one replica's share."""
+def _train_input(task: Task, seed: Optional[int]) -> Callable:
+    """The training input_fn: this worker's shard of the records, shuffled and augmented from
+    ``seed``; under a tf.distribute strategy, Estimator calls it per input pipeline for batches
+    of one replica's share."""
     plan = task.plan
-    seed = plan.config.seed
-    if plan.config.distribution_strategy == TOWERS:
+    if plan.towers:
         shard = ((plan.role.num_trainers, plan.role.trainer_index) if plan.role.in_cluster
                  else (1, 0))
         return lambda: task.train_data.make_batch(plan.worker_batch, seed=seed, shard=shard)
@@ -169,12 +176,7 @@ def _train_input(task: Task) -> Callable:
     return input_fn
 
 
-def estimator(task: Task) -> tf.estimator.Estimator:
-    """The task's Estimator: the model_fn of its plan, with its RunConfig."""
-    return tf.estimator.Estimator(make_model_fn(ModelSettings.of(task.plan)),
-                                  config=run_config(task))
-
-
-def latest_step(task: Task) -> int:
-    """The global step of the job dir's latest checkpoint (0 without one)."""
-    return checkpoints.latest_step(task.plan.config.job_dir)
+def estimator(settings: ModelSettings, config: tf.estimator.RunConfig
+              ) -> tf.estimator.Estimator:
+    """The task's Estimator: the model_fn of ``settings`` (its plan's), with its RunConfig."""
+    return tf.estimator.Estimator(make_model_fn(settings), config=config)

@@ -33,7 +33,8 @@ import tensorflow as tf
 from cifar10_estimator.config import checks, plan as plans
 from cifar10_estimator.config.plan import Plan, Schedule
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import TOWERS, TrainConfig
+from cifar10_estimator.config.settings import (TOWERS, ClusterSection, DevicesSection,
+                                               ModelSection, Settings)
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.task import allreduce, peers, tf_config
@@ -43,6 +44,7 @@ from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints, networks, schedules, towers
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.platform.precision_probe import Machine
+from cifar10_estimator.platform.session import session_config
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -64,108 +66,113 @@ class Task:
     lock: Optional[JobLock] = None
 
 
-def make_strategy(config: TrainConfig, role: Role) -> Optional[tf.distribute.Strategy]:
+def make_strategy(devices: DevicesSection, cluster: ClusterSection, role: Role
+                  ) -> Optional[tf.distribute.Strategy]:
     """The tf.distribute strategy of ``--distribution-strategy`` for a training task (None for
     towers, and for tasks that do not train). Made first, before anything starts TensorFlow's
     runtime: a strategy's devices and collective operations can be set up only then."""
-    if config.distribution_strategy == TOWERS or not role.trains:
+    strategy = cluster.distribution_strategy
+    if strategy == TOWERS or not role.trains:
         return None
-    if (config.num_gpus == 0 and config.num_cpu_towers > 1
-            and not towers.ensure_logical_cpus(config.num_cpu_towers)):
-        raise UserError(f"--num-cpu-towers {config.num_cpu_towers}: TensorFlow started in this "
+    if devices.logical_cpus and not towers.ensure_logical_cpus(devices.logical_cpus):
+        raise UserError(f"--num-cpu-towers {devices.logical_cpus}: TensorFlow started in this "
                         f"process with fewer CPU devices; run the trainer in a process of its "
                         f"own (python -m cifar10_estimator)")
     try:
-        return allreduce.make_strategy(config.distribution_strategy,
-                                       plans.tower_devices(config))
+        return allreduce.make_strategy(strategy, devices.tower_devices)
     except RuntimeError as e:  # collective operations after TensorFlow's runtime started
-        raise UserError(f"--distribution-strategy {config.distribution_strategy}: {e}; run the "
-                        f"trainer in a process of its own (python -m cifar10_estimator)") from None
+        raise UserError(f"--distribution-strategy {strategy}: {e}; run the trainer in a process "
+                        f"of its own (python -m cifar10_estimator)") from None
 
 
-def check_machine(config: TrainConfig, machine: Machine) -> None:
+def check_machine(settings: Settings, machine: Machine) -> None:
     """The settings against this machine, in one line: GPUs, oneDNN, reachable paths, a
     precision it can compute in."""
-    checks.validate_machine(config, len(tf.config.list_physical_devices("GPU")),
+    checks.validate_machine(settings, len(tf.config.list_physical_devices("GPU")),
                             machine.onednn)
-    precision_probe.check_requested(config.precision, config.num_gpus, machine)
+    precision_probe.check_requested(settings.devices.precision, settings.devices.num_gpus,
+                                    machine)
 
 
-def serve_variables(config: TrainConfig, role: Role) -> None:
+def serve_variables(cluster: ClusterSection, role: Role) -> None:
     """A parameter server's run: serves variables until every training task reported done."""
     log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster))
-    peers.run_parameter_server(role.cluster, role.task_id, config.cluster_timeout_secs)
+    peers.run_parameter_server(role.cluster, role.task_id, cluster.cluster_timeout_secs)
 
 
-def start(config: TrainConfig, role: Role, machine: Machine, stack: contextlib.ExitStack,
+def start(settings: Settings, role: Role, machine: Machine, stack: contextlib.ExitStack,
           before_exit: Callable[[Callable], None],
           strategy: Optional[tf.distribute.Strategy] = None) -> Task:
     """Starts this task (see the module's docstring) and returns it. The chief's lock is
     released when ``stack`` closes, or by ``before_exit`` (a preemption's exit)."""
-    train_data = Cifar10DataSet(config.data_dir, "train", config.use_distortion_for_training,
-                                networks.AUGMENTATIONS[config.model], config.alternating_flips)
-    eval_data = Cifar10DataSet(config.data_dir, "eval", use_distortion=False)
+    data, model, output, cluster = (settings.data, settings.model, settings.output,
+                                    settings.cluster)
+    train_data = Cifar10DataSet(data.data_dir, "train", data.use_distortion_for_training,
+                                networks.AUGMENTATIONS[model.model], data.alternating_flips)
+    eval_data = Cifar10DataSet(data.data_dir, "eval", use_distortion=False)
     for split in ("eval",) if role.task_type == "evaluator" else ("train", "eval"):
-        metadata.verify_split(config.data_dir, split)
-    info = metadata.dataset_info(config.data_dir)
-    log.info(tf_config.role_line(role, config))
-    _wait_for_peers(config, role)
+        metadata.verify_split(data.data_dir, split)
+    info = metadata.dataset_info(data.data_dir)
+    log.info(tf_config.role_line(role, cluster, output))
+    _wait_for_peers(cluster, output.job_dir, role)
     lock = None
     if role.is_chief:
-        guards.check_job_dir(config.job_dir, config, info.num_classes)
-        lock = stack.enter_context(JobLock(config.job_dir))
+        guards.check_job_dir(output.job_dir, model, info.num_classes)
+        lock = stack.enter_context(JobLock(output.job_dir))
         before_exit(lambda _: lock.release())
-    recorded = settings_record.read(config.job_dir) or {}
+    recorded = settings_record.read(output.job_dir) or {}
     precision = precision_probe.choose_training(
-        config, info.class_names, machine,
-        None if role.is_chief and config.change_settings else recorded.get("precision"))
-    plan = plans.resolve(config, role, dataset=info.dataset, class_names=info.class_names,
+        model, settings.schedule, settings.devices,
+        session_config(settings.devices, settings.logging.log_device_placement),
+        data.data_dir, info.class_names, machine,
+        None if role.is_chief and output.change_settings else recorded.get("precision"))
+    plan = plans.resolve(settings, role, dataset=info.dataset, class_names=info.class_names,
                          train_records=train_data.num_examples(), precision=precision)
-    log.info(_plan_line(plan))
-    current = settings_record.of_plan(plan)
+    log.info(_plan_line(plan, model, settings.schedule.recipe))
+    current = settings_record.of_plan(plan, settings.flat())
     if not role.is_chief:
-        settings_record.check(config.job_dir, current, is_chief=False)
+        settings_record.check(output.job_dir, current, is_chief=False)
     else:
         lock.check()  # the settings record is written only by the lock's holder
         spans = recorded.get(settings_record.SCHEDULE_STEPS)
-        settings_record.check(config.job_dir, current, is_chief=True,
-                              change=config.change_settings)
+        settings_record.check(output.job_dir, current, is_chief=True,
+                              change=output.change_settings)
         if spans and current.get(settings_record.SCHEDULE_STEPS, spans) != spans:
             log.info("--change-settings: %s", schedule_change(
-                plan, spans, checkpoints.latest_step(config.job_dir)))
-    agreed_stop = allreduce.AgreedStop(config.job_dir)
+                plan, spans, checkpoints.latest_step(output.job_dir)))
+    agreed_stop = allreduce.AgreedStop(output.job_dir)
     if role.is_chief:
         if plan.all_reduce_trainer:
             agreed_stop.clear()  # an earlier run's
-        latest = tf.train.latest_checkpoint(config.job_dir)
+        latest = tf.train.latest_checkpoint(output.job_dir)
         if latest:  # only the chief restores; others use the ps, get the chief's values
             log.info("resuming from %s", latest)
-    return Task(plan, train_data, eval_data, checkpoints.latest_step(config.job_dir),
+    return Task(plan, train_data, eval_data, checkpoints.latest_step(output.job_dir),
                 agreed_stop, strategy, lock)
 
 
-def _wait_for_peers(config: TrainConfig, role: Role) -> None:
+def _wait_for_peers(cluster: ClusterSection, job_dir: str, role: Role) -> None:
+    timeout = cluster.cluster_timeout_secs
     if role.in_cluster:
         # Fail within --cluster-timeout-secs, with the task named, rather than let gRPC retry.
         # A trainer's sessions use only the parameter servers (and itself); a worker learns
         # that the chief is up from its checkpoint, below.
-        peers.wait_for_tasks(role.ps_tasks, config.cluster_timeout_secs)
+        peers.wait_for_tasks(role.ps_tasks, timeout)
     if role.is_chief:
         return
-    if plans.all_reduce_trainer(config, role):
-        allreduce.wait_for_file(os.path.join(config.job_dir, settings_record.RECORD_FILE),
-                                config.cluster_timeout_secs, "the chief's settings record")
+    if plans.all_reduce_trainer(cluster, role):
+        allreduce.wait_for_file(os.path.join(job_dir, settings_record.RECORD_FILE), timeout,
+                                "the chief's settings record")
     else:
-        peers.wait_for_checkpoint(config.job_dir, config.cluster_timeout_secs)
+        peers.wait_for_checkpoint(job_dir, timeout)
 
 
-def _plan_line(plan: Plan) -> str:
-    config, schedule = plan.config, plan.schedule
-    how = ("towers" if config.distribution_strategy == TOWERS
-           else f"{config.distribution_strategy} replicas")
-    own = (f", {plan.length_from}" if plan.length_from.startswith(f"the {config.recipe} recipe")
+def _plan_line(plan: Plan, model: ModelSection, recipe: str) -> str:
+    schedule = plan.schedule
+    how = "towers" if plan.towers else f"{plan.strategy} replicas"
+    own = (f", {plan.length_from}" if plan.length_from.startswith(f"the {recipe} recipe")
            else "")
-    return (f"{networks.describe(config)}, {plan.data_format}, {how} on "
+    return (f"{networks.describe(model)}, {plan.data_format}, {how} on "
             f"{', '.join(plan.devices)}, {plan.role.num_trainers} worker(s); {plan.dataset}, "
             f"{plan.num_classes} classes, {plan.train_records} train records, "
             f"{plan.steps_per_epoch} steps per epoch, {plan.train_steps} steps in all "
@@ -179,11 +186,8 @@ def _small_pictures(plan: Plan) -> str:
     records) at 24 pixels`` where progressive resizing is on; nothing where it is off."""
     if not plan.low_res_steps:
         return ""
-    given = plan.config.low_res_fraction is not None
-    whose = ("--low-res-fraction" if given else
-             f"the {plan.config.recipe} recipe's share for {plan.train_records:,} records")
     return (f"; the first {plan.low_res_steps} steps ({plan.low_res_fraction:g} of the run, "
-            f"{whose}) at {plan.config.low_res_size} pixels")
+            f"{plan.low_res_from}) at {plan.low_res_size} pixels")
 
 
 def _drops(schedule: Schedule) -> str:

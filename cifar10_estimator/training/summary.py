@@ -10,15 +10,16 @@ import sys
 from typing import Optional
 
 from cifar10_estimator import storage
-from cifar10_estimator.config.settings import TrainConfig
 from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
 from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.progress import format_duration
 
 
-def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> list[str]:
+def run_summary(data_dir: str, job_dir: str, result: TrainResult, seconds: float
+                ) -> list[str]:
     """The run summary: wall time, final accuracy, throughput over the run, and the commands
-    that use what it wrote (predict, TF Serving, TensorBoard)."""
+    that use what it wrote in ``job_dir`` from ``data_dir`` (predict, TF Serving,
+    TensorBoard)."""
     lines = [_head(result, seconds)]
     python = shlex.quote(sys.executable)
     if result.export_path:
@@ -27,13 +28,13 @@ def run_summary(config: TrainConfig, result: TrainResult, seconds: float) -> lis
         lines.append(f"  predict:    {python} -m cifar10_estimator.predict --saved-model "
                      f"{export} IMAGE...")
         lines.append(f"  evaluate:   {python} -m cifar10_estimator.evaluate {export} "
-                     f"--data-dir {shlex.quote(config.data_dir)}")
+                     f"--data-dir {shlex.quote(data_dir)}")
         lines.append(f"  serve:      tensorflow_model_server --rest_api_port=8501 "
                      f"--model_name={SERVING_MODEL_NAME} --model_base_path="
                      f"{shlex.quote(_base_path(result.export_path))}")
     if result.report_path:
         lines.append(f"  report:     {result.report_path}")
-    lines.append(f"  TensorBoard: {_tool('tensorboard')} --logdir {shlex.quote(config.job_dir)}")
+    lines.append(f"  TensorBoard: {_tool('tensorboard')} --logdir {shlex.quote(job_dir)}")
     return lines
 
 
