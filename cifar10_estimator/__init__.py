@@ -25,13 +25,9 @@ imports only from those before it:
 
 The top-level modules beside them are the commands (``train``/``__main__``, ``generate``,
 ``predict``, ``evaluate``, ``demo``, ``cluster``). docs/architecture.md draws the cut.
-Importing the package is cheap: nothing here imports TensorFlow. It does install
-``estimator_compat``, which lets ``tf.estimator`` load on TensorFlow 2.16 and newer, before any
-module of the package (or anything else) imports the estimator.
+Importing the package is cheap: nothing here imports TensorFlow, and nothing changes the
+import system. ``estimator_compat``, which lets ``tf.estimator`` load on TensorFlow 2.16 and
+newer, is installed by a process's set-up (``platform.process.prepare_process``).
 """
 
-from cifar10_estimator import estimator_compat
-
 __version__ = "0.1.0"
-
-estimator_compat.install()

@@ -27,18 +27,37 @@ checks every one of those imports, so a release that removes one more fails by n
    TensorFlow's ``__init__`` attached them lazily (``LazyLoader``), as they are attached here.
 
 ``install`` puts one import finder first on ``sys.meta_path``. It supplies the modules of 1 and
-2 only when no other finder has them, so on TensorFlow 2.15 it supplies nothing; and it patches
-3 and 4 right after ``tensorflow`` itself has loaded (or at once, if it already has), only where
-they are missing. It imports nothing itself, so importing the package stays cheap. The package's
-``__init__`` calls it: whatever imports any module of the package first, the estimator finds
-what it needs, whether TensorFlow was imported before or not.
+2 only when no other finder has them, and it patches 3 and 4 right after ``tensorflow`` itself
+has loaded (or at once, if it already has), only where they are missing. It imports nothing
+itself, so it may run before TensorFlow loads. Nothing calls it on import: a process's set-up
+does (``platform.process.prepare_process``, which every command and ``train.run`` call before
+TensorFlow loads), since it changes the import system of the whole process; importing any
+module of the package leaves ``sys.meta_path`` as it was.
+
+Its version gate reads ``tf.__version__`` once TensorFlow has loaded (whichever distribution
+brought it): on 2.15, which has every piece, the finder takes itself out and patches nothing;
+on 2.16 to ``NEWEST_TESTED`` it patches; on a newer release it patches all the same and logs
+one warning naming the release. It warns rather than refuses: ``pyproject.toml`` caps
+TensorFlow below the next release, so a newer one is there because its user lifted the cap to
+try it, and the pieces are supplied only where missing (``tests/test_estimator_compat.py``
+names each private name the layer uses, for that user to read a failure by).
 """
 
 import copy
 import importlib.abc
+import logging
+import re
 import sys
 import types
 from typing import Any, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+# The newest TensorFlow (major, minor) the whole suite passed on (docs/versions.md); the cap in
+# pyproject.toml is the release after it (tests/test_estimator_compat.py checks the two agree).
+NEWEST_TESTED = (2, 21)
+# The last release that ships every piece (and tf.estimator itself): nothing to supply.
+COMPLETE = (2, 15)
 
 ESTIMATOR_API_NAME = "estimator"  # tf_export's name of the estimator's API (TF 2.15)
 # tf_export's attributes for that API, as TF 2.15 named them: (names, constants).
@@ -59,12 +78,46 @@ class TPUUnavailable(NotImplementedError):
 
 
 def install() -> None:
-    """Makes ``tensorflow-estimator`` 2.15.0 importable on this process's TensorFlow (once)."""
-    if not any(isinstance(finder, _Supplier) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Supplier())
+    """Makes ``tensorflow-estimator`` 2.15.0 importable on this process's TensorFlow (once;
+    for the process's set-up to call, before or after TensorFlow loads)."""
     tf = sys.modules.get("tensorflow")
-    if tf is not None and hasattr(tf, "compat"):  # loaded already (not half-way through)
-        _patch_tensorflow(tf)
+    loaded = tf is not None and hasattr(tf, "compat")  # not half-way through its __init__
+    if loaded and release(tf.__version__) <= COMPLETE:
+        return
+    if not installed():
+        sys.meta_path.insert(0, _Supplier())
+    if loaded:
+        _tensorflow_loaded(tf)
+
+
+def installed() -> bool:
+    """Whether the layer's finder is on ``sys.meta_path``."""
+    return any(isinstance(finder, _Supplier) for finder in sys.meta_path)
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a TensorFlow version string ("2.22.0rc0" -> (2, 22)); one that does
+    not start with two numbers counts as newer than any."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else (sys.maxsize, 0)
+
+
+_warned = False
+
+
+def _tensorflow_loaded(tf: types.ModuleType) -> None:
+    """The version gate (module docstring), once ``tensorflow`` has loaded."""
+    global _warned
+    version = release(tf.__version__)
+    if version <= COMPLETE:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Supplier)]
+        return
+    if version > NEWEST_TESTED and not _warned:
+        _warned = True
+        log.warning("TensorFlow %s is newer than %d.%d, the newest release tf.estimator was "
+                    "tested on here: the compatibility layer is installed all the same, and "
+                    "docs/versions.md says what was tried", tf.__version__, *NEWEST_TESTED)
+    _patch_tensorflow(tf)
 
 
 class _Supplier(importlib.abc.MetaPathFinder):
@@ -109,7 +162,7 @@ class _PatchAfterLoading(importlib.abc.Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        _patch_tensorflow(sys.modules.get(module.__name__, module))
+        _tensorflow_loaded(sys.modules.get(module.__name__, module))
 
 
 class _SuppliedModule(importlib.abc.Loader):

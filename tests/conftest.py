@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from cifar10_estimator import estimator_compat
 from cifar10_estimator.data import pickles, schema
 from cifar10_estimator.platform import cpu
 
@@ -37,6 +38,10 @@ from cifar10_estimator.platform import cpu
 # chose (cpu.prefer_onednn). Run with TF_ENABLE_ONEDNN_OPTS=0 to test the Eigen kernels that an
 # AVX2-only CPU gets by default; tests that need oneDNN check cpu.onednn_enabled().
 cpu.prefer_onednn(os.environ)
+# And with tf.estimator's compatibility layer, which the command lines' set-up installs
+# (platform.process.prepare_process; the rest of that set-up would reach the processes the
+# tests start, which run their own). Before anything below imports the estimator.
+estimator_compat.install()
 # Two logical CPU devices in the suite's own TensorFlow runtime, set before it starts: the
 # tests that run a mirrored strategy in this process place their replicas there.
 from cifar10_estimator.model import towers  # noqa: E402
