@@ -4,9 +4,9 @@
         --data-dir DATA --job-dir JOB --train-steps 1000
 
 starts a whole TensorFlow cluster on this host (``launch.layout`` lays it out,
-``launch.loop`` runs it): every task runs the trainer with everything after
-``--`` and its own ``TF_CONFIG``, in a network namespace of their own where it can
-(``--network``). Exits 0 when training finished, 1 when a task failed, 130 when interrupted
+``launch.loop`` runs it, as processes of this host: ``launch.local``; with ``--ray``, as Ray
+actors: ``launch.ray_actors``): every task runs the trainer with everything after ``--`` and
+its own ``TF_CONFIG``, in a network namespace of their own where it can (``--network``). Exits 0 when training finished, 1 when a task failed, 130 when interrupted
 (Ctrl-C or SIGTERM).
 """
 
@@ -20,6 +20,7 @@ from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
 from cifar10_estimator.launch import layout
+from cifar10_estimator.launch.local import LocalProcesses
 from cifar10_estimator.launch.loop import Cluster
 
 MODULE = "cifar10_estimator.cluster"
@@ -128,14 +129,15 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
                             f"the job; rerun the command to resume)")
     network = layout.choose_network(args.network, paths, args.host, os.geteuid(),
                                     os.getegid())
+    placement = LocalProcesses(network)
     try:
         tasks = layout.lay_out(args.num_workers, num_ps, args.evaluator, args.host, network)
-        cluster = Cluster(tasks, trainer_args, os.environ, out=out, network=network)
+        cluster = Cluster(tasks, placement, trainer_args, os.environ, out=out)
         # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
         return cluster.run(args.timeout_secs)
     finally:
-        network.close()  # the namespace ends once its last task has exited
+        placement.close()  # the namespace ends once its last task has exited
 
 
 def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: TextIO,
@@ -172,14 +174,17 @@ def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: Te
         return tasks, placed
 
     tasks, placed = place()
-    cluster = ray_actors.RayCluster(tasks, placed, trainer_args, os.environ, out, place,
-                                      max_failures)
+    placement = ray_actors.RayActors(placed, place)
+    # Every task gets the launcher's storage, TensorFlow, CUDA and NCCL variables on top of
+    # its node's environment (ray_actors.FORWARDED_PREFIXES).
+    cluster = Cluster(tasks, placement, trainer_args, ray_actors.forwarded(os.environ), out,
+                      max_failures)
     try:
-        cluster.say(ray_actors.summary(placed))
+        cluster.say(placement.summary())
         signal.signal(signal.SIGTERM, _interrupt)
         return cluster.run(args.timeout_secs)
     finally:
-        cluster.close()
+        placement.close()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -167,7 +167,7 @@ def test_a_lost_node_after_the_restarts_are_spent_ends_the_job_in_one_line():
     import io
 
     pytest.importorskip("ray")
-    from cifar10_estimator.launch import layout, ray_actors
+    from cifar10_estimator.launch import layout, loop, ray_actors
 
     tasks = layout.tasks_of(layout.cluster_of(2, 0, ["10.0.0.1:1", "10.0.0.2:2"]), False)
     placed = {t.name: ray_actors.Placed(None, f"10.0.0.{i + 1}:{i + 1}", f"node{i}" * 4)
@@ -176,11 +176,10 @@ def test_a_lost_node_after_the_restarts_are_spent_ends_the_job_in_one_line():
         task.process = ray_actors.RayProcess(None, 1)
     tasks[1].process.lost_because = "The actor died because its node has died."
     out = io.StringIO()
-    cluster = ray_actors.RayCluster(tasks, placed, [], {}, out,
-                                      place_again=lambda: pytest.fail("placed again"),
-                                      max_failures=0)
-    assert not cluster._replace([tasks[1]])
+    placement = ray_actors.RayActors(placed, place_again=lambda: pytest.fail("placed again"))
+    cluster = loop.Cluster(tasks, placement, [], {}, out, max_failures=0)
+    assert not cluster._place_again([tasks[1]])
     assert out.getvalue() == (
         "[cluster] worker0's node 10.0.0.2 (node node1nod) was lost (The actor died because "
         "its node has died.); no restarts left (--max-failures 0)\n")
-    assert not cluster._replace([tasks[0]])  # a task that failed on its own: not a loss
+    assert not cluster._place_again([tasks[0]])  # a task that failed on its own: not a loss

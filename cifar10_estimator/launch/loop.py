@@ -1,4 +1,5 @@
-"""A local training cluster's processes: one per task, started, watched and stopped.
+"""The launch loop: a cluster's tasks started, watched, restarted and stopped, wherever their
+processes run.
 
 ``Cluster`` starts one process per task (``layout``), each running the trainer command line
 (``python -m cifar10_estimator`` + the trainer's flags) with its own ``TF_CONFIG``, and streams
@@ -10,9 +11,14 @@ evaluator have exited 0; parameter servers exit by themselves once every trainin
 reported (``task.peers.run_parameter_server``) and are stopped if they linger. Every task
 shares the trainer's ``--job-dir``, as a real cluster must (on several hosts: shared storage).
 
-It is for trying distribution on one machine and for tests; several hosts need a cluster
-manager (see the Kubernetes TFJob in ``k8s/``). The ``cluster`` command is its command line;
-``ray_actors.RayCluster`` is the same supervision of tasks on a Ray cluster's nodes.
+Where the processes run is the ``Placement`` the loop is handed: this host's processes
+(``local.LocalProcesses``), or Ray actors on a Ray cluster's nodes (``ray_actors.RayActors``).
+The rules are the loop's alone, for both: the restarts in place, the ending, and the job placed
+again (at most ``max_failures`` times) when a placement has lost a task's place for good, which
+only Ray's does (a lost node: the others' ``TF_CONFIG`` names its address).
+
+On one host it is for trying distribution and for tests; several hosts need a cluster manager
+(see the Kubernetes TFJob in ``k8s/``) or Ray. The ``cluster`` command is its command line.
 """
 
 import json
@@ -21,9 +27,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Mapping, Optional, Sequence, TextIO
+from typing import Mapping, Optional, Protocol, Sequence, TextIO
 
-from cifar10_estimator.launch.layout import LaunchedTask, Network
+from cifar10_estimator.errors import UserError
+from cifar10_estimator.launch.layout import LaunchedTask
 
 _POLL_SECS = 0.2
 # After the chief has finished, a worker needs at most one more step and its report to the
@@ -35,18 +42,54 @@ _PS_GRACE_SECS = 30
 _TERM_GRACE_SECS = 10
 
 
-class Cluster:
-    """Starts, watches and stops the processes of a local cluster."""
+class Placement(Protocol):
+    """Where a cluster's task processes run: what differs between this host and a Ray
+    cluster's nodes. The loop decides when; a placement does what it is asked."""
 
-    def __init__(self, tasks: Sequence[LaunchedTask], trainer_args: Sequence[str],
-                 env: Mapping[str, str], out: TextIO = sys.stdout,
-                 python: str = sys.executable, network: Optional[Network] = None):
+    def line(self, addresses: Sequence[str]) -> str:
+        """The launcher's first line: where the tasks listen, and who can reach them."""
+
+    def spawn(self, task: LaunchedTask, trainer_args: Sequence[str], env: Mapping[str, str]):
+        """Starts ``task``'s trainer with ``trainer_args`` and ``env`` (its ``TF_CONFIG``
+        set); returns its process as a ``subprocess.Popen`` shows one: ``poll``,
+        ``terminate``, ``kill``, ``wait``, ``pid`` and ``stdout``."""
+
+    def where(self, task: LaunchedTask) -> str:
+        """Where ``task`` was started, for its line (`` on HOST``), or nothing."""
+
+    def in_doubt(self, task: LaunchedTask) -> bool:
+        """Whether ``task``'s place may be gone (lost, or unreachable for now)."""
+
+    def lost(self, task: LaunchedTask) -> Optional[str]:
+        """What was lost when ``task``'s place is gone for good (the job must be placed
+        again), in words (``worker0's node 10.0.0.2 (node 1a2b3c4d) was lost (why)``); None
+        while it is not."""
+
+    def place_again(self) -> list[LaunchedTask]:
+        """New places for every task (new ``TF_CONFIG`` values), after ``close``; UserError
+        when there is no room for them."""
+
+    def summary(self) -> str:
+        """One line on where the tasks were placed."""
+
+    def close(self) -> None:
+        """Releases the places (and, with them, any process still in one)."""
+
+
+class Cluster:
+    """Starts, watches and stops the processes of a cluster's tasks, in ``placement``; a job
+    whose placement lost a task's place is placed again at most ``max_failures`` times."""
+
+    def __init__(self, tasks: Sequence[LaunchedTask], placement: Placement,
+                 trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO = sys.stdout,
+                 max_failures: int = 0):
         self.tasks = list(tasks)
-        self.network = network or Network()
+        self.placement = placement
         self.trainer_args = list(trainer_args)
         self.out = out
-        self.python = python
         self.env = dict(env)  # the tasks' environment (the command's), TF_CONFIG set per task
+        self.max_failures = max_failures
+        self.failures = 0  # places lost so far
         self._lock = threading.Lock()
 
     def say(self, message: str) -> None:
@@ -63,44 +106,55 @@ class Cluster:
 
     def start(self) -> None:
         cluster = json.loads(self.tasks[0].tf_config)["cluster"]
-        self.say(self.network.line([a for job in cluster.values() for a in job]))
+        self.say(self.placement.line([a for job in cluster.values() for a in job]))
         self.say("cluster " + json.dumps(cluster))
         for task in self.tasks:
             self._launch(task)
 
-    def _spawn(self, task: LaunchedTask) -> subprocess.Popen:
-        """Starts the trainer process of ``task`` on this host. (``ray_actors`` starts it on
-        a Ray node instead, behind the same interface: poll, terminate, kill, wait, pid and
-        stdout.)"""
-        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
-        return subprocess.Popen(
-            [self.python, "-m", "cifar10_estimator", *self.trainer_args],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
-            start_new_session=True,
-            # Into the cluster's namespace between fork and exec, where the child is
-            # single-threaded (setns into a user namespace requires it); no wrapper process, so
-            # the pid said below is the task's.
-            preexec_fn=self.network.join if self.network.namespace is not None else None)
-
     def _launch(self, task: LaunchedTask) -> None:
-        task.process = self._spawn(task)
+        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
+        task.process = self.placement.spawn(task, self.trainer_args, env)
         task.reader = threading.Thread(target=self._stream, args=(task,), daemon=True)
         task.reader.start()
-        self.say(f"started {task.name} (pid {task.process.pid}{self._where(task)})")
+        self.say(f"started {task.name} (pid {task.process.pid}{self.placement.where(task)})")
 
-    def _where(self, task: LaunchedTask) -> str:
-        return ""
-
-    def _replace(self, failed: Sequence[LaunchedTask]) -> bool:
-        """Whether the job was placed and started again after ``failed`` tasks ended: never
-        here (a local task that failed fails the job); ``ray_actors`` places a job whose
-        node was lost again."""
-        return False
+    def _place_again(self, failed: Sequence[LaunchedTask]) -> bool:
+        """Whether the job was placed and started again after ``failed`` tasks ended: when the
+        placement lost one's place for good (a task that failed by itself fails the job), with
+        restarts left. The other trainers save (SIGTERM) and stop, and the job resumes from
+        the latest checkpoint in its shared job dir."""
+        losses = [(t, what) for t in failed for what in [self.placement.lost(t)] if what]
+        if not losses:
+            return False
+        task, what = losses[0]
+        if self.failures >= self.max_failures:
+            self.say(f"{what}; no restarts left (--max-failures {self.max_failures})")
+            return False
+        self.failures += 1
+        self.say(f"{what}: placing the job again on the nodes that are alive, restart "
+                 f"{self.failures} of {self.max_failures} (--max-failures); it resumes from "
+                 f"the latest checkpoint")
+        self.stop(self.tasks)  # the others save (SIGTERM) and stop
+        self._finish_streams()
+        self.placement.close()
+        try:
+            self.tasks = self.placement.place_again()
+        except UserError as e:
+            self.say(str(e))
+            return False
+        self.say(self.placement.summary())
+        self.start()
+        return True
 
     def _restart_signalled(self) -> None:
         """Starts again every task that a signal stopped (not the launcher). This is what
         Kubernetes' ExitCode restart policy does; the task resumes as after a restart."""
+        for task in self.tasks:
+            task.exit_code  # asks every task first: a lost place is found before any restart
+        # A task whose place is lost, or in doubt for now, means the whole job is placed
+        # again (``_place_again``): a trainer restarted in place meanwhile would wait for it.
+        if any(self.placement.in_doubt(t) for t in self.tasks):
+            return
         for task in self.tasks:
             code = task.exit_code
             if task.signalled(code):
@@ -146,7 +200,7 @@ class Cluster:
                 # pass, not taken for a failure (each exit status is read once here).
                 codes = [(t, t.exit_code) for t in self.tasks]
                 bad = [(t, c) for t, c in codes if c not in (None, 0) and not t.signalled(c)]
-                if bad and self._replace([t for t, _ in bad]):
+                if bad and self._place_again([t for t, _ in bad]):
                     chief_done_at = ps_wait_from = None  # the job starts over, resuming
                     continue
                 if bad:

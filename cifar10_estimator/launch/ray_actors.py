@@ -12,17 +12,18 @@ The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local
   node's environment and the launcher's own storage, TensorFlow, CUDA and NCCL variables
   (``FORWARDED_PREFIXES``: the bucket's endpoint and keys travel with the job). Their output
   comes back with the task's prefix, ``[chief] ...``.
-- The ending and restart rules are the local launcher's (``loop.Cluster``, of which
-  ``RayCluster`` is a kind): a trainer that a signal stopped, or that was killed, is started
-  again in its actor, on the same node and port, and resumes from the latest checkpoint; a task
-  that failed stops the job; the job ends when the chief, the workers and the evaluator have
-  exited 0.
+- The ending and restart rules are the launch loop's (``loop.Cluster``), which is handed
+  ``RayActors`` as its placement: a trainer that a signal stopped, or that was killed, is
+  started again in its actor, on the same node and port, and resumes from the latest
+  checkpoint; a task that failed stops the job; the job ends when the chief, the workers and
+  the evaluator have exited 0.
 - A task whose actor was lost (its node died, or Ray stopped it) cannot be started again on
   its own: the others' TF_CONFIG names its address. The whole job is placed again instead, as
   Ray Train does with its worker group: the other trainers are stopped (SIGTERM: they save),
   every actor ended, new actors placed on the nodes that are alive (new ports, a new
   TF_CONFIG, the same tasks), and the job resumes from the latest checkpoint in its shared job
-  dir; at most ``max_failures`` times (``--max-failures``). A trainer dies with its actor
+  dir; at most ``--max-failures`` times (the loop's rule; ``RayActors`` says which task's node
+  was lost, and places the job again). A trainer dies with its actor
   (``ray_node``), so no task of the old placement trains on.
 - Every path of the job must be one the nodes share: a bucket (``s3://``, ``gs://``), or a
   folder every node mounts at the same path. ``check_shared`` writes a token into a local
@@ -38,11 +39,11 @@ import os
 import secrets
 import subprocess
 import time
-from typing import Callable, Mapping, Optional, Sequence, TextIO
+from typing import Callable, Mapping, Optional, Sequence
 
 from cifar10_estimator import storage
 from cifar10_estimator.data.metadata import METADATA_FILENAME
-from cifar10_estimator.launch import layout, loop
+from cifar10_estimator.launch import layout
 from cifar10_estimator.errors import UserError
 
 # The launcher's variables every task gets, whatever its node's environment: storage (S3's
@@ -221,21 +222,6 @@ class RayProcess:
         return self._code
 
 
-class RayNetwork:
-    """``layout.Network``, for tasks on Ray nodes: their nodes' own."""
-
-    namespace = None
-
-    def line(self, addresses: Sequence[str]) -> str:
-        return (f"network: the Ray cluster's nodes: the tasks listen on every interface of "
-                f"their node ({', '.join(sorted(addresses))}), and TensorFlow's gRPC server "
-                f"has no authentication; the cluster's network must be private "
-                f"(docs/distributed.md, 'Ray')")
-
-    def close(self) -> None:
-        pass
-
-
 def place(runner_class, num_workers: int, num_ps: int, evaluator: bool, cpus: float,
           gpus: float, timeout_secs: float = PLACEMENT_TIMEOUT_SECS
           ) -> tuple[list[layout.LaunchedTask], dict[str, Placed]]:
@@ -326,68 +312,47 @@ def _refuse_unseen(flag: str, path: str, placed: Mapping[str, Placed], seen: Seq
                         f"folder every node mounts at the same path")
 
 
-class RayCluster(loop.Cluster):
-    """The local launcher's supervision of tasks that run on Ray nodes; a job that lost a node
-    is placed again by ``place_again`` (``place`` with the job's sizes), at most
-    ``max_failures`` times."""
+class RayActors:
+    """The placement (``loop.Placement``) of tasks whose trainers run in Ray actors on a Ray
+    cluster's nodes: ``placed``, each task's actor by name (``place``); a job that lost a node
+    is placed again by ``place_again`` (``place`` with the job's sizes)."""
 
-    def __init__(self, tasks: Sequence[layout.LaunchedTask], placed: Mapping[str, Placed],
-                 trainer_args: Sequence[str], env: Mapping[str, str], out: TextIO,
-                 place_again: Optional[Callable[[], tuple[list[layout.LaunchedTask],
-                                                          dict[str, Placed]]]] = None,
-                 max_failures: int = MAX_FAILURES):
-        super().__init__(tasks, trainer_args, forwarded(env), out=out, network=RayNetwork())
+    def __init__(self, placed: Mapping[str, Placed],
+                 place_again: Callable[[], tuple[list[layout.LaunchedTask], dict[str, Placed]]]):
         self.placed = dict(placed)
-        self.place_again = place_again
-        self.max_failures = max_failures
-        self.failures = 0  # nodes lost so far
+        self._place_again = place_again
 
-    def _lost(self) -> list[layout.LaunchedTask]:
-        return [t for t in self.tasks if isinstance(t.process, RayProcess) and t.process.lost]
+    def line(self, addresses: Sequence[str]) -> str:
+        return (f"network: the Ray cluster's nodes: the tasks listen on every interface of "
+                f"their node ({', '.join(sorted(addresses))}), and TensorFlow's gRPC server "
+                f"has no authentication; the cluster's network must be private "
+                f"(docs/distributed.md, 'Ray')")
 
-    def _restart_signalled(self) -> None:
-        for task in self.tasks:
-            task.exit_code  # asks every actor: a lost one is found before any restart in place
-        # A task whose actor is lost, or unreachable for now, means the whole job is placed
-        # again (``_replace``): a trainer restarted in place meanwhile would wait for it.
-        if not any(isinstance(t.process, RayProcess) and t.process.unsure for t in self.tasks):
-            super()._restart_signalled()
-
-    def _replace(self, failed: Sequence[layout.LaunchedTask]) -> bool:
-        lost = [t for t in failed if t in self._lost()]
-        if not lost or self.place_again is None:
-            return False
-        task = lost[0]
-        placed = self.placed[task.name]
-        where = f"{placed.address.rpartition(':')[0]} (node {placed.node_id[:8]})"
-        if self.failures >= self.max_failures:
-            self.say(f"{task.name}'s node {where} was lost ({task.process.lost_because}); no "
-                     f"restarts left (--max-failures {self.max_failures})")
-            return False
-        self.failures += 1
-        self.say(f"{task.name}'s node {where} was lost ({task.process.lost_because}): placing "
-                 f"the job again on the nodes that are alive, restart {self.failures} of "
-                 f"{self.max_failures} (--max-failures); it resumes from the latest checkpoint")
-        self.stop(self.tasks)  # the others save (SIGTERM) and stop
-        self._finish_streams()
-        self.close()
-        try:
-            self.tasks, self.placed = self.place_again()
-        except UserError as e:
-            self.say(str(e))
-            return False
-        self.say(summary(self.placed))
-        self.start()
-        return True
-
-    def _spawn(self, task: layout.LaunchedTask) -> RayProcess:
+    def spawn(self, task: layout.LaunchedTask, trainer_args: Sequence[str],
+              env: Mapping[str, str]) -> RayProcess:
         actor = self.placed[task.name].actor
-        env = dict(self.env, TF_CONFIG=task.tf_config, PYTHONUNBUFFERED="1")
-        pid = _ray().get(actor.start.remote(self.trainer_args, env))
+        pid = _ray().get(actor.start.remote(list(trainer_args), dict(env)))
         return RayProcess(actor, pid)
 
-    def _where(self, task: layout.LaunchedTask) -> str:
+    def where(self, task: layout.LaunchedTask) -> str:
         return f" on {self.placed[task.name].address.rpartition(':')[0]}"
+
+    def in_doubt(self, task: layout.LaunchedTask) -> bool:
+        return isinstance(task.process, RayProcess) and task.process.unsure
+
+    def lost(self, task: layout.LaunchedTask) -> Optional[str]:
+        if not (isinstance(task.process, RayProcess) and task.process.lost):
+            return None
+        placed = self.placed[task.name]
+        where = f"{placed.address.rpartition(':')[0]} (node {placed.node_id[:8]})"
+        return f"{task.name}'s node {where} was lost ({task.process.lost_because})"
+
+    def place_again(self) -> list[layout.LaunchedTask]:
+        tasks, self.placed = self._place_again()
+        return tasks
+
+    def summary(self) -> str:
+        return summary(self.placed)
 
     def close(self) -> None:
         for p in self.placed.values():
