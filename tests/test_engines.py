@@ -124,7 +124,7 @@ def test_the_engines_folders_are_defaults_under_the_flags_given():
                      "job_dir": ("gs://b/checkpoints", "AIP_CHECKPOINT_DIR")}
     under = {name: value for name, (value, _) in found.items()}
     config, _ = flags.parse(["--model_dir", "s3://b/job", "--data-dir", "d"], under)
-    assert (config.job_dir, config.data_dir, config.export_dir) == (
+    assert tuple(config.value(name) for name in ("job_dir", "data_dir", "export_dir")) == (
         "s3://b/job", "d", "/opt/ml/model")  # the flags given win
     assert engines.settings({"AIP_MODEL_DIR": ""}) == {}
 
