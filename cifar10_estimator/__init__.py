@@ -1,9 +1,10 @@
 """Train, evaluate and serve CIFAR-10 classifiers (a ResNet, or the original tutorial's CNN)
 with tf.estimator.
 
-Five foundations every layer may use (``errors``, ``cli``, ``storage``, ``logs``,
-``estimator_compat``), then the settings' home and the subpackages along the data's path; each
-imports only from those before it:
+Six foundations every layer may use (``errors``, ``cli``, ``storage``, ``logs``,
+``estimator_compat``, ``engines``: the managed engines' conventions), then the settings' home,
+the subpackages along the data's path up to the training loop, and the rooms that outlive one
+trainer process; each imports only from those before it:
 
 - ``config``: every setting once, its flag, its checks, the models', strategies' and
   recipes' overlays on the defaults, a task's role and its plan;
@@ -16,15 +17,20 @@ imports only from those before it:
 - ``platform``: the machine: its CPU and oneDNN, the precision that fits it (probed and
   cached), the local cluster's private network namespace;
 - ``jobdir``: the job dir's checks, its one-trainer lock and its settings record;
-- ``distributed``: ``TF_CONFIG``'s role, the other tasks' waits and parameter servers, the
-  all-reduce strategies, the evaluator task, and the launchers (local processes, Ray actors);
+- ``task``: inside one task of a cluster: ``TF_CONFIG``'s role, the other tasks' waits and
+  parameter servers, the all-reduce strategies, the evaluator task's loop;
 - ``evaluation``: evaluating an export or a checkpoint once, and the evaluation report;
 - ``training``: a task's start (its plan resolved), the ``train_and_evaluate`` driver, progress,
   the lock holder's fence, preemption, precise batch norm, the end of training (result, final
-  export and report) and the run summary.
+  export and report) and the run summary;
+- ``launch``: a cluster's tasks launched for as long as the job runs: their layout, the launch
+  loop and where it places them (this host's processes, Ray actors);
+- ``sweeps``: a sweep's trials and their records, run by Ray Tune (the driver's side and the
+  trial's), and TensorBoard's HParams summaries.
 
 The top-level modules beside them are the commands (``train``/``__main__``, ``generate``,
-``predict``, ``evaluate``, ``demo``, ``cluster``). docs/architecture.md draws the cut.
+``predict``, ``evaluate``, ``convert``, ``demo``, ``cluster``, ``sweep``).
+docs/architecture.md draws the cut.
 Importing the package is cheap: nothing here imports TensorFlow, and nothing changes the
 import system. ``estimator_compat``, which lets ``tf.estimator`` load on TensorFlow 2.16 and
 newer, is installed by a process's set-up (``platform.process.prepare_process``).

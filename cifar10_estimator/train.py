@@ -61,23 +61,23 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     """
     if isinstance(argv, Mapping):
         argv = flags.to_argv(argv)
-    from_engine = engines.settings(os.environ)
-    settings, verbose = flags.parse(argv, {name: value for name, (value, _) in
-                                           from_engine.items()})
     # The one read of TF_CONFIG: the role is checked, with the settings, before TensorFlow
-    # loads. (Estimator and TensorFlow's strategies read the same variable themselves.)
+    # loads. Estimator and TensorFlow's strategies read the variable themselves: they are given
+    # the role as parsed (a cluster of workers only, mapped to a chief and workers).
     tf_config_value = os.environ.get(TF_CONFIG_ENV)
     role = tf_config.parse(tf_config_value)
+    for_estimator = tf_config.estimator_tf_config(tf_config_value, role)
+    from_engine = engines.settings(os.environ)
     # Vertex AI's hyperparameter tuning: where the trial's final figures go (hypertune).
     tuning = (os.environ.get(engines.TRIAL_ID_ENV), os.environ.get(engines.METRIC_FILE_ENV))
+    settings, verbose = flags.parse(argv, {name: value for name, (value, _) in
+                                           from_engine.items()})
     checks.validate(settings, needs_data=role.task_type != "ps")
-    tf_config.check_strategy(settings.cluster.distribution_strategy, role)
+    checks.check_cluster(settings.cluster.distribution_strategy, role)
     with contextlib.ExitStack() as undo:
+        _set_for_this_run(TF_CONFIG_ENV, for_estimator, undo)
         set_env = prepare_process(os.environ)  # before TensorFlow loads
         undo.callback(restore_process, os.environ, set_env)
-        # Estimator and TensorFlow's strategies read TF_CONFIG themselves: they see the role
-        # as parsed (a cluster of workers only, mapped to a chief and workers).
-        _set_for_this_run(TF_CONFIG_ENV, tf_config.estimator_tf_config(tf_config_value, role), undo)
         undo.callback(logs.setup_logging(verbose))
         for name, (value, variable) in from_engine.items():
             if settings.value(name) == value:
@@ -103,11 +103,25 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
            tuning: tuple[Optional[str], Optional[str]] = (None, None)):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
+    from cifar10_estimator.platform import precision_probe
     from cifar10_estimator.platform.precision_probe import Machine
     from cifar10_estimator.evaluation import report
     from cifar10_estimator.training.preemption import Preemption, on_main_thread
 
     started = time.monotonic()
+    cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
+    import tensorflow as tf
+
+    machine = Machine(cpu_info, cpu.onednn_enabled(), precision_cache.PrecisionCache(
+        precision_cache.cache_folder(os.environ, os.path.expanduser("~")), tf.__version__))
+    if role.task_type != "ps":
+        # The settings against this machine, in one line: a precision it can compute in, GPUs,
+        # oneDNN, reachable paths.
+        precision_probe.check_requested(settings.devices.precision, settings.devices.num_gpus,
+                                        machine)
+        log.info(overlays.describe(settings))
+        checks.validate_machine(settings, len(tf.config.list_physical_devices("GPU")),
+                                machine.onednn)
     preemption = Preemption()
     if handle_signals and on_main_thread():
         preemption.install()  # SIGTERM/SIGINT: save, say so, exit 128 + signal
@@ -116,14 +130,10 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
         log.info("SIGTERM and SIGINT are the caller's to handle: this run installs no signal "
                  "handlers (%s)", "not on the main thread" if handle_signals
                  else "handle_signals=False")
-    cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
-    import tensorflow as tf
-
-    machine = Machine(cpu_info, cpu.onednn_enabled(), precision_cache.PrecisionCache(
-        precision_cache.cache_folder(os.environ, os.path.expanduser("~")), tf.__version__))
-    if role.task_type != "ps":
-        log.info(overlays.describe(settings))
-    result = driver.train_and_evaluate(settings, role, machine, preemption)
+    result = driver.train_and_evaluate(
+        role, machine, preemption, data=settings.data, model=settings.model,
+        schedule=settings.schedule, devices=settings.devices, cluster=settings.cluster,
+        output=settings.output, logging_=settings.logging)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

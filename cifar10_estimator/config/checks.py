@@ -1,14 +1,16 @@
 """Checks of the settings before anything runs: one line naming the flag, nothing written.
 
 Ranges come from the fields' metadata (``fields.Check``); the rest are combinations of
-settings, or of settings and the machine (GPUs, oneDNN), that no single field can check.
+settings, of settings and the cluster (``check_cluster``), or of settings and the machine (GPUs,
+oneDNN), that no single field can check.
 """
 
 from typing import Any, Mapping
 
 from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.fields import flag, shown
-from cifar10_estimator.config.settings import (FIELDS, MULTI_WORKER_MIRRORED, TOWERS,
+from cifar10_estimator.config.role import Role
+from cifar10_estimator.config.settings import (FIELDS, MIRRORED, MULTI_WORKER_MIRRORED, TOWERS,
                                                TUTORIAL_CNN, Settings)
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
@@ -130,6 +132,27 @@ def validate(settings: Settings, needs_data: bool = True) -> None:
     _check_model(settings)
     _check_strategy(settings)
     _check_devices(settings)
+
+
+def check_cluster(strategy: str, role: Role) -> None:
+    """The cluster of ``role`` against ``strategy`` (--distribution-strategy), in one line."""
+    trainers = role.num_trainers
+    if not role.in_cluster:
+        return  # a local run; a ps or an evaluator follows the trainers' strategy
+    if strategy == TOWERS and trainers > 1 and not role.num_ps:
+        raise UserError(f"TF_CONFIG: the cluster has {trainers} training tasks but no 'ps' "
+                        f"job; with --distribution-strategy towers workers share variables "
+                        f"through parameter servers (or use --distribution-strategy "
+                        f"multi-worker-mirrored); see docs/distributed.md")
+    if strategy == MIRRORED and trainers > 1:
+        raise UserError(f"TF_CONFIG: --distribution-strategy mirrored runs on one machine, and "
+                        f"TF_CONFIG lists {trainers} training tasks; use "
+                        f"--distribution-strategy multi-worker-mirrored for a cluster")
+    if strategy == MULTI_WORKER_MIRRORED and role.num_ps:
+        raise UserError(f"TF_CONFIG: --distribution-strategy multi-worker-mirrored all-reduces "
+                        f"among the chief and workers, and TF_CONFIG lists {role.num_ps} 'ps' "
+                        f"task(s); leave them out, or use --distribution-strategy towers for "
+                        f"parameter servers")
 
 
 def validate_machine(settings: Settings, num_visible_gpus: int, onednn_enabled: bool) -> None:

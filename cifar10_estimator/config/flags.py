@@ -107,7 +107,8 @@ def to_argv(settings: Mapping[str, Any]) -> list[str]:
     """The command line that gives ``settings`` (setting name -> value, as ``Settings.flat``
     gives them: ``{"num_layers": 20, "sync": True, "lr_boundary_epochs": (2, 4)}``), so that a
     library caller's settings go through the same parsing and checks as flags; ``verbose`` too;
-    None leaves a setting at its default. A name that is no setting is a ``UserError`` naming it."""
+    None leaves a setting at its default. A name that is no setting is a ``UserError`` naming
+    it."""
     names = {field.name for field in FIELDS} | {"verbose"}
     argv = []
     for name, value in settings.items():

@@ -1,16 +1,16 @@
 """The plan of one task: every fact the run needs, resolved once, frozen, read everywhere after.
 
-``resolve`` turns the settings (``Settings``, with the model's and recipe's defaults), this
-task's ``Role`` in the cluster (from the ``TF_CONFIG`` value the command read), the training
-data's counts and the precision chosen for the job into a ``Plan``: the run's length in global
-steps, the batch per worker, per global step and per tower or replica, the devices (one per
-tower or replica), the data layout, the learning rate's ``Schedule`` in global steps and the
-``Optimizer`` that applies it, the
-share of the run at small pictures (``--low-res-fraction``, or the recipe's for the data's
-size), the precision as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a
-request, never a plan), how the gradients meet. Each rule behind these facts is a function here,
-and ``resolve`` is the only caller that turns them into a run's numbers. A ``Plan`` holds the
-role and these facts, no settings, and cannot be changed after it is made.
+``resolve`` turns the sections of the settings it reads (with the model's and recipe's
+defaults), this task's ``Role`` in the cluster (from the ``TF_CONFIG`` value the command read),
+the training data's counts and the precision chosen for the job into a ``Plan``: the run's
+length in global steps, the batch per worker, per global step and per tower or replica, the
+devices (one per tower or replica), the data layout, how the gradients meet, the learning
+rate's ``Schedule`` in global steps and the ``Optimizer`` that applies it, the share of the run
+at small pictures (``--low-res-fraction``, or the recipe's for the data's size), the precision
+as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request, never a
+plan). Each rule behind these facts is a function here, and ``resolve`` is the only caller that
+turns them into a run's numbers. A ``Plan`` holds the role and these facts, no settings, and
+cannot be changed after it is made.
 
 No TensorFlow here: the commands resolve as much as they can before it loads.
 """
@@ -24,7 +24,7 @@ from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (ALL_REDUCE_STRATEGIES, HE_FACTORS, HE_FRACTIONS,
                                                LENGTH_SHAPED_SCHEDULES, MULTI_WORKER_MIRRORED,
                                                TOWERS, TUTORIAL_CNN, ClusterSection,
-                                               DevicesSection, ScheduleSection, Settings)
+                                               DevicesSection, ModelSection, ScheduleSection)
 
 # A precision's dtype: what the convolutions compute in (variables stay float32).
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -163,29 +163,27 @@ class Plan:
     low_res_size: int
     low_res_from: str
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
+    # Facts that follow from the ones above, computed once when the plan is made (and again
+    # by ``with_length``): the classes' count, the convolutions' dtype, whether hand-built
+    # towers (not a tf.distribute strategy's replicas) train, the steps a length-shaped
+    # schedule spans (what the settings record keeps; None for the others), the global steps
+    # at low_res_size.
+    num_classes: int = dataclasses.field(init=False)
+    compute_dtype: str = dataclasses.field(init=False)
+    towers: bool = dataclasses.field(init=False)
+    schedule_spans: Optional[int] = dataclasses.field(init=False)
+    low_res_steps: int = dataclasses.field(init=False)
 
-    @property
-    def compute_dtype(self) -> str:
-        return DTYPES[self.precision]
-
-    @property
-    def towers(self) -> bool:
-        """Hand-built towers rather than the replicas of a tf.distribute strategy."""
-        return self.strategy == TOWERS
-
-    @property
-    def schedule_spans(self) -> Optional[int]:
-        """The steps a length-shaped schedule spans (what the settings record keeps), else
-        None."""
-        return self.schedule.total_steps if self.schedule.length_shaped else None
-
-    @property
-    def low_res_steps(self) -> int:
-        """The global steps that train on pictures scaled down to low_res_size."""
-        return int(self.low_res_fraction * self.train_steps)
+    def __post_init__(self):
+        derived = {
+            "num_classes": len(self.class_names),
+            "compute_dtype": DTYPES[self.precision],
+            "towers": self.strategy == TOWERS,
+            "schedule_spans": (self.schedule.total_steps if self.schedule.length_shaped
+                               else None),
+            "low_res_steps": int(self.low_res_fraction * self.train_steps)}
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)  # a frozen dataclass's own set-up
 
     def worker_images(self, steps: int) -> int:
         """The images this worker's batches hold over ``steps`` global steps: what the run
@@ -200,10 +198,11 @@ class Plan:
                                    schedule=self.schedule.with_length(train_steps))
 
 
-def resolve(settings: Settings, role: Role, *, dataset: str, class_names: Sequence[str],
-            train_records: int, precision: str) -> Plan:
-    """The plan of ``settings`` for the task ``role``, with ``train_records`` training records
-    and the job's ``precision`` (fp32 or bf16: "auto" is resolved before, by
+def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
+            devices: DevicesSection, cluster: ClusterSection, *, dataset: str,
+            class_names: Sequence[str], train_records: int, precision: str) -> Plan:
+    """The plan of the task ``role`` with these sections of its settings, ``train_records``
+    training records and the job's ``precision`` (fp32 or bf16: "auto" is resolved before, by
     ``platform.precision_probe.choose_training``).
 
     An epoch is counted in global steps: with --sync or all-reduce one global step consumes a
@@ -212,8 +211,6 @@ def resolve(settings: Settings, role: Role, *, dataset: str, class_names: Sequen
     """
     if precision not in DTYPES:
         raise ValueError(f"a plan's precision is fp32 or bf16, not {precision!r}")
-    model, schedule, devices, cluster = (settings.model, settings.schedule, settings.devices,
-                                         settings.cluster)
     towers = devices.tower_devices
     per_global_step = global_batch(schedule.train_batch_size, cluster, role.num_trainers)
     steps_per_epoch = max(1, train_records // per_global_step)
@@ -241,7 +238,8 @@ def resolve(settings: Settings, role: Role, *, dataset: str, class_names: Sequen
         steps_per_epoch=steps_per_epoch, train_steps=train_steps, run_epochs=epochs,
         length_from=length_from,
         schedule=schedule_of(schedule, steps_per_epoch, train_steps, per_global_step),
-        optimizer=optimizer_of(schedule), low_res_fraction=(schedule.low_res_fraction if low_res_given
+        optimizer=optimizer_of(schedule),
+        low_res_fraction=(schedule.low_res_fraction if low_res_given
                           else recipe_low_res_fraction(schedule.recipe, train_records)),
         low_res_size=schedule.low_res_size,
         low_res_from=("--low-res-fraction" if low_res_given else

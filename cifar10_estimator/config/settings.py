@@ -431,7 +431,7 @@ class Settings:
 
     def flat(self) -> dict[str, Any]:
         """Every setting by name, in the help's order."""
-        return {f.name: getattr(getattr(self, SECTION_OF[f.name]), f.name) for f in FIELDS}
+        return values_of(*(getattr(self, name) for name, _ in SECTIONS))
 
     def value(self, name: str) -> Any:
         """The setting called ``name`` (``num_layers``), from its section."""
@@ -440,6 +440,12 @@ class Settings:
     def replace(self, **values: Any) -> "Settings":
         """These settings with ``values`` (setting name -> value) changed."""
         return Settings.of(**{**self.flat(), **values})
+
+
+def values_of(*sections: Any) -> dict[str, Any]:
+    """The settings of ``sections`` by name (all seven: what ``Settings.flat`` gives)."""
+    return {f.name: getattr(section, f.name) for section in sections
+            for f in dataclasses.fields(section)}
 
 
 # (help group, section class), in the help's order; every setting's field, in that order; the

@@ -7,8 +7,9 @@ variable themselves (they have no other way in), so the command passes the same 
 
 What it owns: ``check_tf_config`` (a one-line refusal of any value ``RunConfig`` would refuse,
 would crash on, or would take and fail with much later), ``parse`` (the ``Role``),
-``check_strategy`` (the cluster against ``--distribution-strategy``) and the lines that
-describe a role.
+``estimator_tf_config`` (the value Estimator is given) and the lines that describe a role. The
+cluster against ``--distribution-strategy`` is a check of the settings
+(``config.checks.check_cluster``).
 
 No TensorFlow here: the trainer checks its role before TensorFlow loads.
 """
@@ -18,8 +19,7 @@ import re
 from typing import Mapping, Optional, Sequence
 
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import (MIRRORED, MULTI_WORKER_MIRRORED, TOWERS,
-                                               ClusterSection, OutputSection)
+from cifar10_estimator.config.settings import TOWERS, ClusterSection, OutputSection
 from cifar10_estimator.errors import UserError
 
 # A TensorFlow job name, as device names spell it (/job:NAME/task:0).
@@ -160,27 +160,6 @@ def estimator_tf_config(text: Optional[str], role: Role) -> Optional[str]:
     value.update(cluster={job: list(addresses) for job, addresses in role.cluster.items()},
                  task={**value["task"], "type": role.task_type, "index": role.task_id})
     return json.dumps(value)
-
-
-def check_strategy(strategy: str, role: Role) -> None:
-    """The cluster against ``strategy`` (--distribution-strategy), in one line."""
-    trainers = role.num_trainers
-    if not role.in_cluster:
-        return  # a local run; a ps or an evaluator follows the trainers' strategy
-    if strategy == TOWERS and trainers > 1 and not role.num_ps:
-        raise UserError(f"TF_CONFIG: the cluster has {trainers} training tasks but no 'ps' "
-                        f"job; with --distribution-strategy towers workers share variables "
-                        f"through parameter servers (or use --distribution-strategy "
-                        f"multi-worker-mirrored); {_TF_CONFIG_HELP}")
-    if strategy == MIRRORED and trainers > 1:
-        raise UserError(f"TF_CONFIG: --distribution-strategy mirrored runs on one machine, and "
-                        f"TF_CONFIG lists {trainers} training tasks; use "
-                        f"--distribution-strategy multi-worker-mirrored for a cluster")
-    if strategy == MULTI_WORKER_MIRRORED and role.num_ps:
-        raise UserError(f"TF_CONFIG: --distribution-strategy multi-worker-mirrored all-reduces "
-                        f"among the chief and workers, and TF_CONFIG lists {role.num_ps} 'ps' "
-                        f"task(s); leave them out, or use --distribution-strategy towers for "
-                        f"parameter servers")
 
 
 def describe(cluster: Mapping[str, Sequence[str]]) -> str:

@@ -28,12 +28,14 @@ import contextlib
 import functools
 import logging
 import signal
-from typing import Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import OutputSection, Settings
+from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
+                                               LoggingSection, ModelSection, OutputSection,
+                                               ScheduleSection)
 from cifar10_estimator.task import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
@@ -49,35 +51,43 @@ log = logging.getLogger("cifar10_estimator")
 _REPORT_TIMEOUT_SECS = 30
 
 
-def train_and_evaluate(settings: Settings, role: Role, machine: start.Machine,
-                       preemption: Optional[Preemption] = None) -> TrainResult:
+def train_and_evaluate(role: Role, machine: start.Machine,
+                       preemption: Optional[Preemption] = None, *, data: DataSection,
+                       model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
+                       cluster: ClusterSection, output: OutputSection,
+                       logging_: LoggingSection) -> TrainResult:
     """Trains, evaluates and (on the chief) exports, as ``role`` (``task.tf_config.parse`` of
-    TF_CONFIG's value) says. ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
+    TF_CONFIG's value) says, with these sections of the settings (the command checked them
+    against the machine). ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
-    and ``errors.Stopped``. The root of a task's run: it hands each part the sections of
-    ``settings`` that part reads."""
+    and ``errors.Stopped``. The root of a task's run: it hands each part the sections that part
+    reads."""
     preemption = preemption or Preemption()
-    job_dir = settings.output.job_dir
     preemption.before_exit(lambda stop: log.info(
-        stopped_line(stop, role, job_dir, preemption.last_step)))
+        stopped_line(stop, role, output.job_dir, preemption.last_step)))
     try:
         if role.task_type == "ps":
-            start.serve_variables(settings.cluster, role)
+            start.serve_variables(cluster, role)
             return TrainResult(None, None, role="ps")
-        start.check_machine(settings, machine)
-        # Before TensorFlow's runtime starts.
-        strategy = start.make_strategy(settings.devices, settings.cluster, role)
+        strategy = start.make_strategy(devices, cluster, role)  # before TF's runtime starts
         with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the end
-            task = start.start(settings, role, machine, stack, preemption.before_exit, strategy)
+            task = start.start(role, machine, stack, preemption.before_exit, strategy,
+                               data=data, model=model, schedule=schedule, devices=devices,
+                               cluster=cluster, output=output, logging_=logging_)
+            trained = ModelSettings.of(task.plan, model, data.data_dir)
+            # What exports compute with, decided (and probed) once, by a task that exports.
+            serving = functools.cache(lambda: end.serving_settings(
+                trained, devices.serving_precision, task.plan.precision, machine))
             try:
-                return _run(task, settings, machine, preemption)
+                return _run(task, trained, serving, preemption, data=data, model=model,
+                            devices=devices, cluster=cluster, output=output, logging_=logging_)
             except Exception as e:
                 lost = fence.lock_loss(e)
                 if lost is None or lost is e:
                     raise
                 raise lost from None
     except Stopped as stop:
-        log.info(stopped_line(stop, role, job_dir, preemption.last_step))
+        log.info(stopped_line(stop, role, output.job_dir, preemption.last_step))
         raise
 
 
@@ -87,14 +97,12 @@ def _check_lock(task: start.Task) -> None:
         task.lock.check()
 
 
-def _run(task: start.Task, settings: Settings, machine: start.Machine,
-         preemption: Preemption) -> TrainResult:
+def _run(task: start.Task, trained: ModelSettings, serving: Callable[[], ModelSettings],
+         preemption: Preemption, *, data: DataSection, model: ModelSection,
+         devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
+         logging_: LoggingSection) -> TrainResult:
     plan = task.plan
-    role, data, output, cluster = plan.role, settings.data, settings.output, settings.cluster
-    trained = ModelSettings.of(plan, settings.model, data.data_dir)
-    # What exports compute with, decided (and probed) once, by a task that exports.
-    serving = functools.cache(lambda: end.serving_settings(
-        trained, settings.devices.serving_precision, plan.precision, machine))
+    role = plan.role
     if role.is_chief:
         finished = end.finished(plan, output, serving)
         if finished:
@@ -102,13 +110,13 @@ def _run(task: start.Task, settings: Settings, machine: start.Machine,
     evaluates = role.local or role.task_type == "evaluator"
     if role.is_chief or (evaluates and output.export_best):
         serving()
-    estimator = specs.estimator(trained, specs.run_config(
-        task, data.seed, settings.devices, cluster, output, settings.logging))
+    estimator = specs.estimator(trained, specs.run_config(task, data.seed, devices, cluster,
+                                                          output, logging_))
     best = end.best_export(plan, output, serving()) if (
         output.export_best and (evaluates or role.is_chief)) else None
     train_spec, eval_spec = specs.specs(
-        task, preemption, best.consider if best else None, data=data, model=settings.model,
-        cluster=cluster, output=output, logging_=settings.logging)
+        task, preemption, best.consider if best else None, data=data, model=model,
+        cluster=cluster, output=output, logging_=logging_)
     guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir)
     if role.task_type == "evaluator":
         return _evaluate_only(task, estimator, eval_spec, best, guard, output)

@@ -30,11 +30,12 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.config import checks, plan as plans
+from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.plan import Plan, Schedule
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import (TOWERS, ClusterSection, DevicesSection,
-                                               ModelSection, Settings)
+from cifar10_estimator.config.settings import (TOWERS, ClusterSection, DataSection,
+                                               DevicesSection, LoggingSection, ModelSection,
+                                               OutputSection, ScheduleSection, values_of)
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.task import allreduce, peers, tf_config
@@ -85,28 +86,20 @@ def make_strategy(devices: DevicesSection, cluster: ClusterSection, role: Role
                         f"of its own (python -m cifar10_estimator)") from None
 
 
-def check_machine(settings: Settings, machine: Machine) -> None:
-    """The settings against this machine, in one line: GPUs, oneDNN, reachable paths, a
-    precision it can compute in."""
-    checks.validate_machine(settings, len(tf.config.list_physical_devices("GPU")),
-                            machine.onednn)
-    precision_probe.check_requested(settings.devices.precision, settings.devices.num_gpus,
-                                    machine)
-
-
 def serve_variables(cluster: ClusterSection, role: Role) -> None:
     """A parameter server's run: serves variables until every training task reported done."""
     log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster))
     peers.run_parameter_server(role.cluster, role.task_id, cluster.cluster_timeout_secs)
 
 
-def start(settings: Settings, role: Role, machine: Machine, stack: contextlib.ExitStack,
-          before_exit: Callable[[Callable], None],
-          strategy: Optional[tf.distribute.Strategy] = None) -> Task:
-    """Starts this task (see the module's docstring) and returns it. The chief's lock is
-    released when ``stack`` closes, or by ``before_exit`` (a preemption's exit)."""
-    data, model, output, cluster = (settings.data, settings.model, settings.output,
-                                    settings.cluster)
+def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
+          before_exit: Callable[[Callable], None], strategy: Optional[tf.distribute.Strategy],
+          *, data: DataSection, model: ModelSection, schedule: ScheduleSection,
+          devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
+          logging_: LoggingSection) -> Task:
+    """Starts this task (see the module's docstring) with the sections of its settings and
+    returns it. The chief's lock is released when ``stack`` closes, or by ``before_exit`` (a
+    preemption's exit)."""
     train_data = Cifar10DataSet(data.data_dir, "train", data.use_distortion_for_training,
                                 networks.AUGMENTATIONS[model.model], data.alternating_flips)
     eval_data = Cifar10DataSet(data.data_dir, "eval", use_distortion=False)
@@ -122,14 +115,15 @@ def start(settings: Settings, role: Role, machine: Machine, stack: contextlib.Ex
         before_exit(lambda _: lock.release())
     recorded = settings_record.read(output.job_dir) or {}
     precision = precision_probe.choose_training(
-        model, settings.schedule, settings.devices,
-        session_config(settings.devices, settings.logging.log_device_placement),
+        model, schedule, devices, session_config(devices, logging_.log_device_placement),
         data.data_dir, info.class_names, machine,
         None if role.is_chief and output.change_settings else recorded.get("precision"))
-    plan = plans.resolve(settings, role, dataset=info.dataset, class_names=info.class_names,
-                         train_records=train_data.num_examples(), precision=precision)
-    log.info(_plan_line(plan, model, settings.schedule.recipe))
-    current = settings_record.of_plan(plan, settings.flat())
+    plan = plans.resolve(role, model, schedule, devices, cluster, dataset=info.dataset,
+                         class_names=info.class_names, train_records=train_data.num_examples(),
+                         precision=precision)
+    log.info(_plan_line(plan, model, schedule.recipe))
+    current = settings_record.of_plan(plan, values_of(data, model, schedule, devices, cluster,
+                                                      output, logging_))
     if not role.is_chief:
         settings_record.check(output.job_dir, current, is_chief=False)
     else:
