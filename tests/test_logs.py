@@ -25,6 +25,10 @@ _NOISE = ("Calling model_fn", "Graph was finalized", "Running local_init_op", "U
           # without CUDA (its cuDNN, cuFFT and cuBLAS factories registered twice).
           "Unable to register")
 
+# An error or fatal line of TensorFlow's C++ log (``E0000 00:00:...``), or of Python's logging
+# in its default format (``ERROR:tensorflow:...``).
+_ERROR_LINE = re.compile(r"[EF]\d{4} |ERROR:")
+
 
 @pytest.fixture(scope="module")
 def two_runs(tiny_records, tmp_path_factory):
@@ -56,6 +60,15 @@ def test_the_log_has_our_lines_and_none_of_tensorflows_chatter(two_runs):
                      r"batches \([0-9.]+ s\)", text)
     for noise in _NOISE:
         assert noise not in text, noise
+
+
+def test_a_healthy_run_logs_no_error_level_line(two_runs):
+    # An error on every run teaches users to skip errors. TensorFlow 2.21's oneDNN pass logged
+    # one ("oneDNN supports DT_UINT8 only on platforms with AVX-512") for the input pipeline's
+    # uint8 transpose, on every CPU; schema.decode_images no longer transposes.
+    text, _ = two_runs
+    errors = [line for line in text.splitlines() if _ERROR_LINE.match(line)]
+    assert not errors, errors
 
 
 def test_verbose_shows_all_of_tensorflows_log(two_runs, tmp_path):

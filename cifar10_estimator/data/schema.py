@@ -98,6 +98,9 @@ def decode_images(raw: "tf.Tensor") -> "tf.Tensor":
     pixels = tf.io.decode_raw(raw, tf.uint8)
     batch_shape = tf.shape(raw)
     chw = tf.reshape(pixels, tf.concat([batch_shape, [CHANNELS, HEIGHT, WIDTH]], axis=0))
-    rank = raw.shape.rank
-    perm = list(range(rank)) + [rank + 1, rank + 2, rank]
-    return tf.transpose(chw, perm)
+    # CHW -> HWC: the channels unstacked and stacked again last, the same bytes a transpose
+    # gives. A uint8 Transpose in a graph makes TensorFlow 2.21's oneDNN pass log an
+    # error-level line on every CPU, once per process, before it runs on Eigen anyway ("oneDNN
+    # supports DT_UINT8 only on platforms with AVX-512"); casting to float first does not avoid
+    # it, grappler moves the cast back behind the transpose.
+    return tf.stack(tf.unstack(chw, num=CHANNELS, axis=raw.shape.rank), axis=-1)
