@@ -2,7 +2,8 @@
 
 - The name it was run as: a console script's (``cifar10-train``), the generator script's
   (``generate_tfrecords.py``), else the module's (``python -m cifar10_estimator.predict``).
-  Usage lines and error prefixes use it.
+  Usage lines and error prefixes use it (``errors.invoked_as``, re-exported here: the
+  foundations import one way, errors before storage before cli).
 - Help that shows each flag's default (unless its help already says it), groups of flags, and
   examples at the end; ``--version``.
 - ``@FILE`` reads flags from a file: one or more per line, quoted as in a shell, ``#`` starts a
@@ -27,26 +28,12 @@ import textwrap
 from typing import Sequence
 
 from cifar10_estimator import __version__
+from cifar10_estimator.errors import error_prefix, invoked_as  # noqa: F401 (cli's names too)
+from cifar10_estimator.storage.local import open_regular
 
-SCRIPTS_PREFIX = "cifar10-"  # every console script pyproject.toml installs
-GENERATOR_SCRIPT = "generate_tfrecords.py"
 HELP_WIDTH = 79
 # @FILEs read for one command line, nested ones included: more is a loop of inclusions.
 MAX_FLAG_FILES = 1000
-
-
-def invoked_as(module: str) -> str:
-    """The command's name as the user ran it (``module`` for ``python -m`` and for calls from
-    Python)."""
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if name.startswith(SCRIPTS_PREFIX) or name == GENERATOR_SCRIPT:
-        return name
-    return f"python -m {module}"
-
-
-def error_prefix(module: str) -> str:
-    """What an error line starts with: the name without ``python -m``."""
-    return invoked_as(module).removeprefix("python -m ")
 
 
 def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -149,10 +136,6 @@ class Parser(argparse.ArgumentParser):
             if self._flag_files_read > MAX_FLAG_FILES:
                 self.error(f"the flag file {name}: flag files were read more than "
                            f"{MAX_FLAG_FILES} times for one command line; include each once")
-            # Imported when a flag file is read, not at the top: storage's modules import
-            # errors, which imports this module.
-            from cifar10_estimator.storage.local import open_regular
-
             try:
                 with open_regular(name, "r") as file:
                     lines = file.read().splitlines()

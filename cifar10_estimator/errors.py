@@ -8,11 +8,27 @@ has said so in the log, and the command exits with 128 + the signal's number. An
 a bug and keeps its traceback.
 """
 
+import os
 import signal
 import sys
 from typing import Callable, NoReturn, Optional
 
-from cifar10_estimator.cli import error_prefix
+SCRIPTS_PREFIX = "cifar10-"  # every console script pyproject.toml installs
+GENERATOR_SCRIPT = "generate_tfrecords.py"
+
+
+def invoked_as(module: str) -> str:
+    """The command's name as the user ran it (``module`` for ``python -m`` and for calls from
+    Python). ``cli`` names the command with it too, in usage lines and argparse's errors."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if name.startswith(SCRIPTS_PREFIX) or name == GENERATOR_SCRIPT:
+        return name
+    return f"python -m {module}"
+
+
+def error_prefix(module: str) -> str:
+    """What an error line starts with: the name without ``python -m``."""
+    return invoked_as(module).removeprefix("python -m ")
 
 
 class UserError(Exception):
@@ -43,7 +59,7 @@ class Stopped(Exception):
 def run_cli(main_fn: Callable[[], int | None], module: str) -> int:
     """Runs ``main_fn`` and turns ``UserError``, a signal and Ctrl-C into an exit status (with
     a one-line message for the error, prefixed with the name the command was run as: see
-    ``cli.invoked_as``; ``module`` is the command's module)."""
+    ``invoked_as``; ``module`` is the command's module)."""
     prog = error_prefix(module)
     try:
         code = int(main_fn() or 0)

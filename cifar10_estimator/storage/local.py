@@ -5,8 +5,7 @@ A FIFO, a socket or a device in a file's place raises ``OSError`` at once, where
 a local file in the package goes through ``open_regular``: ``open_file``'s, the batches', the
 archive's, pictures' and flag files' (``cli``'s ``@FILE``).
 
-Nothing of the package is imported here: ``cli`` reads flag files with it, and ``errors``,
-which every other module of the package may import, imports ``cli``.
+Nothing of the package is imported here: a primitive under every read of a local file.
 """
 
 import errno
