@@ -5,8 +5,11 @@ Read from the source with ``ast``, so the test sees every import, lazy ones incl
 
 import ast
 import os
+import tomllib
 
 import pytest
+
+from cifar10_estimator.errors import SCRIPTS_PREFIX
 
 PACKAGE = "cifar10_estimator"
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PACKAGE)
@@ -108,13 +111,53 @@ def test_the_foundations_import_one_way():
         order.append(ready[0])
 
 
+# The commands, each a module at the top of the package; every one but __main__ (``python -m
+# cifar10_estimator``, the trainer's) is also a console script of pyproject.toml.
+COMMANDS = ("train", "generate", "predict", "evaluate", "convert", "demo", "cluster", "sweep",
+            "__main__")
+
+
 def test_the_layers_exist_and_commands_sit_on_top():
     # A foundation may be a package too (storage/): its modules stay in layer 0.
     packages = {m.split(".")[1] for m in MODULES if m.count(".") >= 2} - set(FOUNDATIONS)
     assert packages == set(SUBPACKAGES)
-    for command in ("train", "generate", "predict", "evaluate", "convert", "demo", "cluster",
-                    "sweep", "__main__"):
+    for command in COMMANDS:
         assert f"{PACKAGE}.{command}" in MODULES
+
+
+def test_every_top_level_module_is_a_foundation_or_a_listed_command():
+    # A new command module that this test does not name would sit on top unchecked.
+    top = {m.split(".")[1] for m, path in MODULES.items()
+           if m.count(".") == 1 and os.path.basename(path) != "__init__.py"}
+    assert top - set(FOUNDATIONS) == set(COMMANDS)
+
+
+def test_every_command_but_main_is_a_console_script_named_as_the_errors_expect():
+    with open(os.path.join(os.path.dirname(ROOT), "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    targets = {}
+    for script, target in scripts.items():
+        # errors.invoked_as names a console script only by this prefix; another name's
+        # errors would read "python -m ...".
+        assert script.startswith(SCRIPTS_PREFIX), script
+        module, _, attribute = target.partition(":")
+        assert module.startswith(f"{PACKAGE}.") and attribute, target
+        command = module.split(".", 1)[1]
+        assert command in COMMANDS, f"{script} runs {module}, which is no command module"
+        assert attribute in _top_level_names(MODULES[module]), f"{script}: {target} is missing"
+        targets[command] = script
+    assert set(targets) == set(COMMANDS) - {"__main__"}
+
+
+def _top_level_names(path: str) -> set[str]:
+    """The names a module binds at its top level (functions, classes, assignments)."""
+    names = set()
+    for node in ast.parse(open(path).read()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
 
 
 def _named_modules(module: str) -> set[str]:
