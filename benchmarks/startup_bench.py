@@ -25,6 +25,8 @@ _CHILD = r"""
 import json, os, sys, time
 t_start = time.perf_counter()
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+from cifar10_estimator.platform.process import prepare_process
+prepare_process(os.environ)  # as the trainer does: oneDNN, and tf.estimator's compat layer
 import tensorflow as tf
 t_import = time.perf_counter()
 from cifar10_estimator.data import schema

@@ -115,6 +115,9 @@ def main() -> None:
     parser.add_argument("--child", choices=("ours", "keras"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        from cifar10_estimator.platform.process import prepare_process
+
+        prepare_process(os.environ)  # before TensorFlow loads: tf.estimator's compat layer
         print(json.dumps(profile(args.child, args.depth, args.batch_size, args.steps,
                                  args.trace_steps)))
         return
