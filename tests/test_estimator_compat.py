@@ -7,6 +7,7 @@ a training run.
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -410,3 +411,41 @@ def test_what_the_checkpoint_hook_extends_is_there(tmp_path):
         assert callable(getattr(hook._timer, name, None)), name
     # The names CheckpointHook adds are its own, not the base's.
     assert [n for n in SAVER_HOOK_ADDED if hasattr(hook, n)] == []
+
+
+# --- a user's own estimator code: a canned estimator ---------------------------------------------
+
+# A user's script in a process set up by the package: legacy Keras asked for (the variable the
+# `legacy-keras` extra's tf-keras answers), then a canned estimator trained for a few steps.
+_CANNED = r"""
+import os, sys, tempfile
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+from cifar10_estimator.platform.process import prepare_process
+prepare_process(os.environ)
+import numpy as np, tensorflow as tf
+
+def input_fn():
+    x = np.array([[0., 1.], [1., 0.], [1., 1.], [0., 0.]], np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"x": x}, [1, 0, 1, 0])).repeat().batch(4)
+
+classifier = tf.estimator.LinearClassifier([tf.feature_column.numeric_column("x", (2,))],
+                                           model_dir=tempfile.mkdtemp())
+classifier.train(input_fn, max_steps=5)
+print(classifier.evaluate(input_fn, steps=1)["global_step"], tf.keras.__name__)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REMOVED and importlib.util.find_spec("tf_keras") is None,
+                    reason="canned estimators need Keras 2 on TensorFlow 2.16 and later: "
+                           "pip install 'cifar10_estimator[legacy-keras]' (tf-keras) and "
+                           "TF_USE_LEGACY_KERAS=1 (docs/versions.md)")
+def test_a_canned_estimator_trains_in_a_process_set_up_by_the_package(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _CANNED], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=200,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    step, keras = done.stdout.split()[-2:]
+    assert step == "5"
+    # Keras 2 under it: TensorFlow 2.15's own, or tf-keras from 2.16 on.
+    assert keras.startswith("tf_keras" if REMOVED else ("keras", "tf_keras")), keras
