@@ -18,8 +18,9 @@ launcher's first line (``Network.line``) says which, and why.
 - optionally one ``evaluator`` task. It is left out of the cluster spec (it serves nothing);
   Estimator also accepts it listed there, as Kubeflow's operator lists it.
 
-``loop`` runs these tasks as processes of this host; ``ray_actors`` lays out the
-same tasks on the addresses of a Ray cluster's nodes (``tasks_of``).
+``loop`` runs these tasks, as processes of this host (``local``) or as Ray actors
+(``ray_actors``, which lays out the same tasks on the addresses of a Ray cluster's nodes:
+``tasks_of``).
 """
 
 import contextlib

@@ -1,7 +1,7 @@
 """A training cluster on a Ray cluster's nodes: ``cifar10-cluster --ray ADDRESS``.
 
-The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local launcher
-(``loop``), with Ray placing the tasks:
+The same roles, ``TF_CONFIG`` values (``layout``), output and rules as a cluster on this host
+(the launch loop, ``loop``), with Ray placing the tasks (``RayActors``, the loop's placement):
 
 - One Ray actor per task (chief, workers, parameter servers, evaluator), spread over the nodes,
   with the CPUs and GPUs asked for (``--cpus-per-task``, ``--gpus-per-task``; a parameter
@@ -23,8 +23,8 @@ The same roles, ``TF_CONFIG`` values (``layout``), output and rules as the local
   every actor ended, new actors placed on the nodes that are alive (new ports, a new
   TF_CONFIG, the same tasks), and the job resumes from the latest checkpoint in its shared job
   dir; at most ``--max-failures`` times (the loop's rule; ``RayActors`` says which task's node
-  was lost, and places the job again). A trainer dies with its actor
-  (``ray_node``), so no task of the old placement trains on.
+  was lost, and places the job again). A trainer dies with its actor (``ray_node``), so no
+  task of the old placement trains on.
 - Every path of the job must be one the nodes share: a bucket (``s3://``, ``gs://``), or a
   folder every node mounts at the same path. ``check_shared`` writes a token into a local
   ``--job-dir`` and asks every actor to read it, and asks every actor for ``--data-dir``'s
@@ -131,7 +131,7 @@ class Placed:
 
 
 class RayProcess:
-    """A trainer process on a Ray node, seen as the local launcher sees a ``Popen``."""
+    """A trainer process on a Ray node, seen as the launch loop sees a ``Popen``."""
 
     def __init__(self, actor, pid: int):
         self._ray = _ray()
