@@ -7,10 +7,9 @@ trains one trial per point of the grid of ``--vary`` values, each a run of the t
 own job dir (``SWEEP/trial-NNN-<settings>``), with Ray Tune on a Ray cluster's nodes, and names
 the best by the final evaluation's ``--metric``. A rerun skips the finished trials and runs
 the rest. ``sweeps.records`` holds the grid and the records, ``sweeps.tuner`` and
-``sweeps.trainable`` the run, ``sweeps.hparams`` TensorBoard's HParams
-summaries; this module reads the command line and the environment and prints. Exits 0 when
-every trial finished, 1 when one failed, 2 for a mistake in the command line, 130 when
-interrupted (docs/sweeps.md).
+``sweeps.trainable`` the run, ``sweeps.hparams`` TensorBoard's HParams summaries; this module
+reads the command line and the environment and prints. Exits 0 when every trial finished, 1
+when one failed, 2 for a mistake in the command line, 130 when interrupted (docs/sweeps.md).
 """
 
 import logging
