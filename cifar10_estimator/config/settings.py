@@ -237,7 +237,8 @@ class ScheduleSection:
     lookahead_steps: int = setting(
         0, "Lookahead (Zhang et al. 2019, arXiv:1907.08610): every K steps the weights move to "
            "slow weights that step --lookahead-alpha of the way towards them; K is 5 in the "
-           "paper; 0 is off (one worker, or asynchronous parameter servers)",
+           "paper; 0 is off (--distribution-strategy towers without --sync only: one "
+           "worker, or asynchronous parameter servers)",
         record=True, check=AT_LEAST_0, recipe=True)
     lookahead_alpha: float = setting(
         0.5, "Lookahead's step of the slow weights towards the fast ones (the paper's 0.5)",
@@ -327,8 +328,10 @@ class ClusterSection:
     """Several tasks: how their gradients meet and how long they wait for each other."""
 
     sync: bool = setting(
-        False, "in a cluster, aggregate one gradient per worker per step "
-               "(SyncReplicasOptimizer); without it, workers update asynchronously", record=True)
+        False, "with --distribution-strategy towers in a cluster, aggregate one gradient per "
+               "worker per step (SyncReplicasOptimizer); without it, workers on parameter "
+               "servers update asynchronously (the all-reduce strategies step together "
+               "anyway)", record=True)
     distribution_strategy: str = setting(
         TOWERS, "how replicas combine gradients: towers, the tutorial's (one tower per device "
                 "on a machine; in a cluster, parameter servers, asynchronous or with --sync); "

@@ -39,8 +39,6 @@ from cifar10_estimator.config.settings import (ClusterSection, DataSection, Devi
 from cifar10_estimator.task import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
-from cifar10_estimator.model import checkpoints
-from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.training import end, fence, specs, start
 from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.preemption import Preemption, stopped_line
@@ -74,12 +72,11 @@ def train_and_evaluate(role: Role, machine: start.Machine,
             task = start.start(role, machine, stack, preemption.before_exit, strategy,
                                data=data, model=model, schedule=schedule, devices=devices,
                                cluster=cluster, output=output, logging_=logging_)
-            trained = ModelSettings.of(task.plan, model, data.data_dir)
             # What exports compute with, decided (and probed) once, by a task that exports.
             serving = functools.cache(lambda: end.serving_settings(
-                trained, devices.serving_precision, task.plan.precision, machine))
+                task.model, devices.serving_precision, task.plan.precision, machine))
             try:
-                return _run(task, trained, serving, preemption, data=data, model=model,
+                return _run(task, serving, preemption, data=data, model=model,
                             devices=devices, cluster=cluster, output=output, logging_=logging_)
             except Exception as e:
                 lost = fence.lock_loss(e)
@@ -97,8 +94,7 @@ def _check_lock(task: start.Task) -> None:
         task.lock.check()
 
 
-def _run(task: start.Task, trained: ModelSettings, serving: Callable[[], ModelSettings],
-         preemption: Preemption, *, data: DataSection, model: ModelSection,
+def _run(task: start.Task, serving: Callable, preemption: Preemption, *, data: DataSection, model: ModelSection,
          devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
          logging_: LoggingSection) -> TrainResult:
     plan = task.plan
@@ -110,8 +106,8 @@ def _run(task: start.Task, trained: ModelSettings, serving: Callable[[], ModelSe
     evaluates = role.local or role.task_type == "evaluator"
     if role.is_chief or (evaluates and output.export_best):
         serving()
-    estimator = specs.estimator(trained, specs.run_config(task, data.seed, devices, cluster,
-                                                          output, logging_))
+    estimator = specs.estimator(task.model, specs.run_config(task, data.seed, devices, cluster,
+                                                             output, logging_))
     best = end.best_export(plan, output, serving()) if (
         output.export_best and (evaluates or role.is_chief)) else None
     train_spec, eval_spec = specs.specs(
@@ -128,7 +124,7 @@ def _run(task: start.Task, trained: ModelSettings, serving: Callable[[], ModelSe
         # found. The job dir may not show that step yet: the chief writes the last checkpoint
         # after the all-reduce of the last step, which this worker has already left (a worker
         # that took the step before for the end waited for an export never made).
-        step = max(plan.train_steps, checkpoints.latest_step(output.job_dir))
+        step = max(plan.train_steps, specs.latest_step(output.job_dir))
         if plan.all_reduce_trainer:
             # The chief leads the job's coordination service and exports now (and, where it
             # evaluates at the end, reports): a worker that left first would be logged as

@@ -16,6 +16,7 @@ from cifar10_estimator.training.start import Task
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training.end import evaluation_line
 from cifar10_estimator.jobdir.lock import JobLock
+from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
 from cifar10_estimator.platform.session import session_config
 from cifar10_estimator.serving.best_export import BEST_SUBDIR
@@ -174,6 +175,11 @@ def _train_input(task: Task, seed: Optional[int]) -> Callable:
             plan.replica_batch, seed=seed,
             shard=(input_context.num_input_pipelines, input_context.input_pipeline_id))
     return input_fn
+
+
+def latest_step(job_dir: str) -> int:
+    """The global step of the latest checkpoint in ``job_dir`` (0 without one)."""
+    return checkpoints.latest_step(job_dir)
 
 
 def estimator(settings: ModelSettings, config: tf.estimator.RunConfig

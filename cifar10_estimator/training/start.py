@@ -43,6 +43,7 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints, networks, schedules, towers
+from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.platform.precision_probe import Machine
 from cifar10_estimator.platform.session import session_config
@@ -55,6 +56,7 @@ class Task:
     """A started task: its plan, and what it runs with."""
 
     plan: Plan
+    model: ModelSettings  # what its model_fn reads: the model section and the plan's facts
     train_data: Cifar10DataSet
     eval_data: Cifar10DataSet
     # The global step the job had reached when this task started.
@@ -141,8 +143,8 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
         latest = tf.train.latest_checkpoint(output.job_dir)
         if latest:  # only the chief restores; others use the ps, get the chief's values
             log.info("resuming from %s", latest)
-    return Task(plan, train_data, eval_data, checkpoints.latest_step(output.job_dir),
-                agreed_stop, strategy, lock)
+    return Task(plan, ModelSettings.of(plan, model, data.data_dir), train_data, eval_data,
+                checkpoints.latest_step(output.job_dir), agreed_stop, strategy, lock)
 
 
 def _wait_for_peers(cluster: ClusterSection, job_dir: str, role: Role) -> None:
