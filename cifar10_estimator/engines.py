@@ -7,8 +7,9 @@ tell a training program through its environment, and what the program hands back
   command passes in. The TF_CONFIG shapes the engines write are ``task.tf_config``'s;
   docs/distributed.md, "Engines", has the table of both.
 - Vertex AI's hyperparameter-tuning metric file (``TRIAL_ID_ENV``, ``METRIC_FILE_ENV``,
-  ``write``, ``read``, ``report_to_tuning``): what a trial reports to the study, and how a
-  sweep reads it back.
+  ``write``, ``read``, ``reports``, ``evaluation_reporter``, ``report_to_tuning``): what a trial
+  reports to the study, each evaluation as it comes and the final one, and how a sweep reads
+  them back.
 - Ray Train (``report_to_ray_train``): a run's final figures handed to the training function
   that called the trainer.
 
@@ -23,13 +24,19 @@ itself (the facts below are from cloudml-hypertune 0.1.0.dev6, ``hypertune/hyper
   ``trial`` (the trial id as a string, ``"0"`` without ``CLOUD_ML_TRIAL_ID``), the metric's
   tag with its value as a string (``"0.9123"``), ``global_step`` (a string) and
   ``checkpoint_path`` (a string, possibly empty);
-- the whole file is written again at each report, with at most the 100 newest lines.
+- the whole file is written again at each report, with at most the 100 newest lines: a
+  report adds its lines to the ones before, so a study sees every measurement by its
+  ``global_step`` (Vertex AI's early stopping reads these intermediate measurements).
 
-The trainer reports every scalar of its final evaluation, one line each, so that whatever
-metric id the study names (``accuracy``, ``loss``, ``cross_entropy``, a class's
-``per_class_accuracy/<name>``) is in the file: the whole set's scalars first, then the
-classes' while the lines stay within the 100 (CIFAR-100's 100 classes leave them out). The file
-is written atomically (a temporary name, then a rename), so the service never reads half of it.
+The trainer reports every scalar of each evaluation, one line each, as the evaluation ends,
+and the final evaluation's once more at the end, so that whatever metric id the study names
+(``accuracy``, ``loss``, ``cross_entropy``, a class's ``per_class_accuracy/<name>``) is in the
+file: the whole set's scalars first, then the classes' while one report's lines stay within
+the 100 (CIFAR-100's 100 classes leave them out). An evaluation's report adds two lines of its
+own, ``epoch`` (the global step in epochs of the training file) and ``images_per_sec`` (this
+task's training images per second since it started), which a sweep's schedulers use. The file
+is written atomically (a temporary name, then a rename), so the service never reads half of
+it.
 
 A foundation: it needs only ``storage`` and ``errors``, so the settings (``config``), the
 trainer command and the sweeps all import it. No TensorFlow at import time (the trainer
@@ -43,7 +50,7 @@ import logging
 import os
 import sys
 import time
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
@@ -73,6 +80,9 @@ _FIELDS = ("timestamp", "trial", "global_step", "checkpoint_path")
 # The final evaluation's scalars over the whole set (model/metrics.py's accuracy and
 # cross_entropy, and Estimator's loss), reported before the per-class ones.
 WHOLE_SET_SCALARS = ("accuracy", "cross_entropy", "loss")
+# What an evaluation's report adds to its scalars: where the run is (epochs of the training
+# file) and how fast it trains; kept with the whole set's scalars.
+PROGRESS_SCALARS = ("epoch", "images_per_sec")
 
 
 def settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -103,7 +113,7 @@ def scalars(metrics: Mapping) -> dict[str, float]:
             continue
         if _is_scalar(value):
             found[name] = float(value)
-    first = [n for n in WHOLE_SET_SCALARS if n in found]
+    first = [n for n in WHOLE_SET_SCALARS + PROGRESS_SCALARS if n in found]
     rest = sorted(n for n in found if n not in first)
     names = first + (rest if len(first) + len(rest) <= MAX_LINES else [])
     return {n: found[n] for n in names}
@@ -111,7 +121,7 @@ def scalars(metrics: Mapping) -> dict[str, float]:
 
 def lines(trial_id: Optional[str], metrics: Mapping, checkpoint_path: str = "",
           timestamp: Optional[float] = None) -> str:
-    """The file's content for the final evaluation's ``metrics``: one line per scalar."""
+    """One report's lines for an evaluation's ``metrics``: one line per scalar."""
     stamp = time.time() if timestamp is None else timestamp
     step = metrics.get("global_step")
     body = []
@@ -125,10 +135,17 @@ def lines(trial_id: Optional[str], metrics: Mapping, checkpoint_path: str = "",
 
 def write(path: Optional[str], trial_id: Optional[str], metrics: Mapping,
           checkpoint_path: str = "") -> tuple[str, list[str]]:
-    """Writes the metric file (``path``, else ``DEFAULT_METRIC_FILE``) atomically; returns
-    its path and the tags it reported. UserError naming the variable if it cannot be written."""
+    """Adds a report of ``metrics`` to the metric file (``path``, else
+    ``DEFAULT_METRIC_FILE``), written again atomically with its ``MAX_LINES`` newest lines;
+    returns its path and the tags it reported. UserError naming the variable if it cannot be
+    written."""
     path = path or DEFAULT_METRIC_FILE
-    content = lines(trial_id, metrics, checkpoint_path)
+    try:
+        earlier = storage.read_bytes(path).decode(errors="replace").splitlines(keepends=True)
+    except OSError:  # the first report (a file that cannot be read is written anew)
+        earlier = []
+    content = "".join((earlier + lines(trial_id, metrics, checkpoint_path).splitlines(
+        keepends=True))[-MAX_LINES:])
     try:
         folder = os.path.dirname(path)
         if folder:
@@ -160,6 +177,42 @@ def read(text: str) -> tuple[dict[str, float], Optional[int]]:
             raise ValueError(f"line {number} is not a metric line ({e})") from None
         metrics[tags[0]] = value
     return metrics, step
+
+
+def reports(text: str) -> list[dict[str, float]]:
+    """Each report of a metric file, in order: its lines' tags and ``global_step``, grouped by
+    the report they came in (one timestamp); lines that are not the format's are skipped (the
+    file may be cut at ``MAX_LINES``, or read while a report was being added)."""
+    found: list[dict[str, float]] = []
+    stamp = None
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+            tags = [k for k in entry if k not in _FIELDS]
+            value, step = float(entry[tags[0]]), int(entry.get("global_step") or 0)
+            when = float(entry["timestamp"])
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            continue
+        if when != stamp:
+            found.append({"global_step": step})
+            stamp = when
+        found[-1][tags[0]] = value
+    return found
+
+
+def evaluation_reporter(trial_id: Optional[str], metric_file: Optional[str]
+                        ) -> Optional[Callable[[Mapping, float, float], None]]:
+    """With ``CLOUD_ML_TRIAL_ID`` or ``CLOUD_ML_HP_METRIC_FILE`` set, what reports each
+    evaluation as it ends (its metrics, its epoch and the task's images per second) to the
+    metric file; elsewhere None."""
+    if not wanted(trial_id, metric_file):
+        return None
+
+    def report(metrics: Mapping, epoch: float, images_per_sec: float) -> None:
+        write(metric_file, trial_id, {**metrics, "epoch": epoch,
+                                      "images_per_sec": images_per_sec})
+
+    return report
 
 
 def report_to_tuning(job_dir: str, result, trial_id: Optional[str],

@@ -133,7 +133,8 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
     result = driver.train_and_evaluate(
         role, machine, preemption, data=settings.data, model=settings.model,
         schedule=settings.schedule, devices=settings.devices, cluster=settings.cluster,
-        output=settings.output, logging_=settings.logging)
+        output=settings.output, logging_=settings.logging,
+        on_evaluation=engines.evaluation_reporter(*tuning))
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import logging
 import signal
+import time
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -53,12 +54,16 @@ def train_and_evaluate(role: Role, machine: start.Machine,
                        preemption: Optional[Preemption] = None, *, data: DataSection,
                        model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
                        cluster: ClusterSection, output: OutputSection,
-                       logging_: LoggingSection) -> TrainResult:
+                       logging_: LoggingSection,
+                       on_evaluation: Optional[Callable[[dict, float, float], None]] = None
+                       ) -> TrainResult:
     """Trains, evaluates and (on the chief) exports, as ``role`` (``task.tf_config.parse`` of
     TF_CONFIG's value) says, with these sections of the settings (the command checked them
     against the machine). ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
-    and ``errors.Stopped``. The root of a task's run: it hands each part the sections that part
+    and ``errors.Stopped``; ``on_evaluation`` is handed each evaluation's metrics, its epoch
+    and this task's training images per second, as the evaluation ends (a tuning service's
+    intermediate reports). The root of a task's run: it hands each part the sections that part
     reads."""
     preemption = preemption or Preemption()
     preemption.before_exit(lambda stop: log.info(
@@ -76,7 +81,7 @@ def train_and_evaluate(role: Role, machine: start.Machine,
             serving = functools.cache(lambda: end.serving_settings(
                 task.model, devices.serving_precision, task.plan.precision, machine))
             try:
-                return _run(task, serving, preemption, data=data, model=model,
+                return _run(task, serving, preemption, on_evaluation, data=data, model=model,
                             devices=devices, cluster=cluster, output=output, logging_=logging_)
             except Exception as e:
                 lost = fence.lock_loss(e)
@@ -94,9 +99,27 @@ def _check_lock(task: start.Task) -> None:
         task.lock.check()
 
 
-def _run(task: start.Task, serving: Callable, preemption: Preemption, *, data: DataSection, model: ModelSection,
-         devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
-         logging_: LoggingSection) -> TrainResult:
+def _after_evaluation(task: start.Task, best, on_evaluation) -> Callable[[dict, str], object]:
+    """What follows each evaluation: ``--export-best``'s exporter considers it, and
+    ``on_evaluation`` gets it with its epoch and this task's images/s since it started."""
+    started, plan = time.monotonic(), task.plan
+
+    def after(metrics: dict, path: str):
+        exported = best.consider(metrics, path) if best else None
+        if on_evaluation:
+            step = int(metrics.get("global_step", 0))
+            secs = time.monotonic() - started
+            on_evaluation(metrics, step / plan.steps_per_epoch,
+                          plan.worker_images(step - task.start_step) / secs if secs else 0.0)
+        return exported
+
+    return after
+
+
+def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluation, *,
+         data: DataSection, model: ModelSection, devices: DevicesSection,
+         cluster: ClusterSection, output: OutputSection, logging_: LoggingSection
+         ) -> TrainResult:
     plan = task.plan
     role = plan.role
     if role.is_chief:
@@ -110,12 +133,13 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, *, data: D
                                                              output, logging_))
     best = end.best_export(plan, output, serving()) if (
         output.export_best and (evaluates or role.is_chief)) else None
+    after = _after_evaluation(task, best, on_evaluation)
     train_spec, eval_spec = specs.specs(
-        task, preemption, best.consider if best else None, data=data, model=model,
-        cluster=cluster, output=output, logging_=logging_)
+        task, preemption, after, data=data, model=model, cluster=cluster, output=output,
+        logging_=logging_)
     guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir)
     if role.task_type == "evaluator":
-        return _evaluate_only(task, estimator, eval_spec, best, guard, output)
+        return _evaluate_only(task, estimator, eval_spec, after, guard, output)
     metrics = _train(task, preemption, estimator, train_spec, eval_spec, guard,
                      cluster.cluster_timeout_secs, output.job_dir)
     _check_lock(task)  # nothing after training either: no evaluation, report or export
@@ -150,20 +174,19 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, *, data: D
     return result
 
 
-def _evaluate_only(task: start.Task, estimator, eval_spec, best, guard,
+def _evaluate_only(task: start.Task, estimator, eval_spec, after, guard,
                    output: OutputSection) -> TrainResult:
     """The evaluator task: every new checkpoint until the final one."""
     plan = task.plan
 
-    def after(metrics, path):
+    def logged(metrics, path):
         log.info(end.evaluation_line(metrics))
-        if best:
-            best.consider(metrics, path)
+        after(metrics, path)
 
     with guard():
         metrics = evaluator.evaluate_checkpoints(
             estimator, eval_spec.input_fn, plan.train_steps,
-            output.eval_throttle_secs, on_evaluation=after, hooks=eval_spec.hooks)
+            output.eval_throttle_secs, on_evaluation=logged, hooks=eval_spec.hooks)
     return TrainResult(metrics, None, end.write_report(plan, output.job_dir, metrics),
                        role="evaluator")
 
