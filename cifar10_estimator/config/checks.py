@@ -42,9 +42,11 @@ def _check_schedule(settings: Settings) -> None:
     if list(schedule.lr_boundary_epochs) != sorted(set(schedule.lr_boundary_epochs)) or any(
             e <= 0 for e in schedule.lr_boundary_epochs):
         raise UserError("--lr-boundary-epochs must be positive and strictly increasing")
-    if output.save_checkpoints_steps is not None and output.save_checkpoints_secs is not None:
-        raise UserError("--save-checkpoints-steps and --save-checkpoints-secs exclude each "
-                        "other; give one")
+    given = [flag(name) for name in ("save_checkpoints_steps", "save_checkpoints_epochs",
+                                     "save_checkpoints_secs")
+             if getattr(output, name) is not None]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)} exclude each other; give one")
     if schedule.train_steps is not None and schedule.train_epochs is not None:
         raise UserError("--train-steps and --train-epochs exclude each other; give one")
     if (schedule.lr_schedule != "piecewise" and schedule.train_epochs is not None

@@ -363,9 +363,14 @@ class OutputSection:
     save_checkpoints_steps: Optional[int] = setting(
         None, "save a checkpoint every N steps (instead of --save-checkpoints-secs)",
         check=AT_LEAST_1)
+    save_checkpoints_epochs: Optional[float] = setting(
+        None, "save a checkpoint every E epochs of the training file (fractions allowed), "
+              "each evaluated once it is saved with --eval-throttle-secs 0: what a sweep's "
+              "early stopping acts on (instead of --save-checkpoints-secs)",
+        check=POSITIVE)
     save_checkpoints_secs: Optional[int] = setting(
         None, f"save a checkpoint every N seconds (default: {ESTIMATOR_SECS}, Estimator's, "
-              f"unless --save-checkpoints-steps is given)", check=AT_LEAST_1)
+              f"unless --save-checkpoints-steps or --save-checkpoints-epochs is given)", check=AT_LEAST_1)
     keep_checkpoint_max: int = setting(5, "how many recent checkpoints to keep", check=AT_LEAST_1)
     eval_throttle_secs: int = setting(
         ESTIMATOR_SECS, "evaluate a new checkpoint at most this often during training",
@@ -384,7 +389,8 @@ class OutputSection:
     @property
     def checkpoint_secs(self) -> Optional[int]:
         """Seconds between checkpoints; Estimator's unless steps were chosen."""
-        if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
+        if (self.save_checkpoints_steps is None and self.save_checkpoints_secs is None
+                and self.save_checkpoints_epochs is None):
             return ESTIMATOR_SECS
         return self.save_checkpoints_secs
 

@@ -46,8 +46,11 @@ RECORD_FILE = "sweep.json"
 TRIAL_RECORD_FILE = "trial.json"
 TRIAL_LOG_FILE = "trial.log"
 RECORD_VERSION = 1
-PENDING, RUNNING, FINISHED, FAILED, INTERRUPTED = (
-    "pending", "running", "finished", "failed", "interrupted")
+PENDING, RUNNING, FINISHED, FAILED, INTERRUPTED, STOPPED = (
+    "pending", "running", "finished", "failed", "interrupted", "stopped")
+# The trials that ended and that a rerun keeps: finished, or stopped early by the scheduler
+# (their job dirs hold the checkpoint they stopped at).
+ENDED = (FINISHED, STOPPED)
 # The final evaluation's scalars and which way is better (model/metrics.py: accuracy,
 # cross_entropy and each class's per_class_accuracy/<name>; Estimator adds loss).
 OBJECTIVES = {"accuracy": "max", "cross_entropy": "min", "loss": "min"}
@@ -262,6 +265,13 @@ class Trial:
     exit_status: Optional[int] = None
     secs: Optional[float] = None
     in_grid: bool = True
+    # Each evaluation the trial reported, in order: epoch, global_step and its scalars.
+    reports: list = dataclasses.field(default_factory=list)
+
+    @property
+    def epochs(self) -> Optional[float]:
+        """The epochs it trained, as its last report says."""
+        return self.reports[-1].get("epoch") if self.reports else None
 
     @property
     def number(self) -> int:
@@ -345,7 +355,7 @@ def trial_record(trial: Trial, trainer_flags: Sequence[str], started: Optional[f
     command line, status, figures, export or error."""
     return {"name": trial.name, "settings": trial.settings, "status": trial.status,
             "metrics": trial.metrics, "export": trial.export, "error": trial.error,
-            "exit_status": trial.exit_status, "secs": trial.secs,
+            "exit_status": trial.exit_status, "secs": trial.secs, "reports": trial.reports,
             "trainer_flags": list(trainer_flags),
             "trainer_argv": trainer_argv(trainer_flags, trial.settings, trial.job_dir),
             "started": _iso(started), "ended": _iso(now())}
@@ -359,14 +369,37 @@ def read_back(trial: Trial, trainer_flags: Sequence[str]) -> bool:
     if not record or record.get("settings") != trial.settings:
         return False
     same_flags = record.get("trainer_flags") == list(trainer_flags)
-    if record.get("status") == FINISHED and (same_flags or not trial.in_grid):
-        trial.status = FINISHED
+    if record.get("status") in ENDED and (same_flags or not trial.in_grid):
+        trial.status = record["status"]
         trial.metrics = {k: float(v) for k, v in (record.get("metrics") or {}).items()}
         trial.export, trial.secs = record.get("export"), record.get("secs")
+        trial.reports = _reports(record.get("reports"))
         return True
     if not trial.in_grid:
         trial.status, trial.error = str(record.get("status", PENDING)), record.get("error")
     return False
+
+
+def _reports(found: Any) -> list[dict]:
+    """A record's reports as numbers, in order; what is not a report is left out."""
+    reports = []
+    for entry in found if isinstance(found, list) else ():
+        if isinstance(entry, dict):
+            try:
+                reports.append({str(k): float(v) for k, v in entry.items()})
+            except (TypeError, ValueError):
+                continue
+    return reports
+
+
+def restore_reports(trials: Sequence[Trial], recorded: Optional[dict]) -> None:
+    """The reports ``sweep.json`` holds for trials that had not ended (a sweep whose driver
+    was killed): a resumed trial's scheduler sees them again."""
+    entries = {e.get("name"): e for e in (recorded or {}).get("trials", ())
+               if isinstance(e, dict)}
+    for trial in trials:
+        if not trial.reports and trial.name in entries:
+            trial.reports = _reports(entries[trial.name].get("reports"))
 
 
 def now() -> float:
@@ -421,7 +454,7 @@ class Sweep:
         return trainer_argv(self.trainer_flags, trial.settings, trial.job_dir)
 
     def pending(self) -> list[Trial]:
-        return [t for t in self.trials.values() if t.in_grid and t.status != FINISHED]
+        return [t for t in self.trials.values() if t.in_grid and t.status not in ENDED]
 
     def say(self, line: str) -> None:
         print(f"sweep: {line}", file=self.out, flush=True)
@@ -449,6 +482,33 @@ class Sweep:
         shown = (f"{self.metric} {value:.4g}" if value is not None
                  else f"no {self.metric} reported")
         self.say(f"{name} finished in {trial.secs:.0f} s: {shown}")
+
+    def reported(self, name: str, report: dict) -> None:
+        """An evaluation of a running trial, as it came (an earlier one again is ignored)."""
+        trial = self.trials[name]
+        step = report.get("global_step", 0)
+        if trial.reports and step <= trial.reports[-1].get("global_step", 0):
+            return
+        trial.reports.append(dict(report))
+        value = report.get(self.metric)
+        self.say(f"{name} epoch {report.get('epoch', 0):.3g}: "
+                 + (f"{self.metric} {value:.4g}" if value is not None else f"step {step:g}"))
+        self.save()
+
+    def stopped(self, name: str, log: Optional[str] = None) -> None:
+        """A trial the scheduler stopped early: its last report's figures; its trainer saves
+        and exits (its job dir resumable)."""
+        trial = self.trials[name]
+        self._write_log(trial, log)
+        last = trial.reports[-1] if trial.reports else {}
+        trial.status = STOPPED
+        trial.metrics = {k: v for k, v in last.items() if k not in ("global_step", "epoch")}
+        trial.secs = self._secs(name)
+        self._end(trial, True)
+        value = value_of(trial, self.metric)
+        self.say(f"{name} stopped early at epoch {trial.epochs or 0:.3g} after "
+                 f"{trial.secs:.0f} s: "
+                 + (f"{self.metric} {value:.4g}" if value is not None else "no evaluation"))
 
     def failed(self, name: str, error: str, exit_status: Optional[int],
                log: Optional[str] = None) -> None:
@@ -487,7 +547,7 @@ class Sweep:
         top = best(self.trials.values(), self.metric, self.mode)
         grid_trials = [t for t in self.trials.values() if t.in_grid]
         counts = {s: sum(t.status == s for t in grid_trials)
-                  for s in (FINISHED, FAILED, RUNNING, PENDING, INTERRUPTED)}
+                  for s in (FINISHED, STOPPED, FAILED, RUNNING, PENDING, INTERRUPTED)}
         return {
             "version": RECORD_VERSION, "run_id": self.run_id, "updated": _iso(now()),
             "trainer_flags": self.trainer_flags,
@@ -497,7 +557,8 @@ class Sweep:
             "trials": [{"name": t.name, "settings": t.settings, "status": t.status,
                         "value": value_of(t, self.metric), "metrics": t.metrics,
                         "job_dir": t.job_dir, "export": t.export, "error": t.error,
-                        "exit_status": t.exit_status, "secs": t.secs, "in_grid": t.in_grid}
+                        "exit_status": t.exit_status, "secs": t.secs, "in_grid": t.in_grid,
+                        "epochs": t.epochs, "reports": t.reports}
                        for t in sorted(self.trials.values(), key=lambda t: t.number)],
         }
 
@@ -508,9 +569,11 @@ class Sweep:
         """The closing lines: counts, the best trial, the failed ones."""
         grid_trials = [t for t in self.trials.values() if t.in_grid]
         done = [t for t in grid_trials if t.status == FINISHED]
+        stopped = [t for t in grid_trials if t.status == STOPPED]
         failed = [t for t in grid_trials if t.status == FAILED]
-        lines = [f"{len(done)} of {len(grid_trials)} trials finished, {len(failed)} failed; "
-                 f"the record: {self.record_path}"]
+        lines = [f"{len(done)} of {len(grid_trials)} trials finished, "
+                 + (f"{len(stopped)} stopped early, " if stopped else "")
+                 + f"{len(failed)} failed; the record: {self.record_path}"]
         top = best(grid_trials, self.metric, self.mode)
         if top is not None:
             lines.append(f"best: {top.name} ({shown_settings(top.settings)}): {self.metric} "
@@ -532,7 +595,7 @@ class Sweep:
 
     def missing_metric(self) -> Optional[str]:
         """One line if trials finished but none reported ``--metric``, else None."""
-        done = [t for t in self.trials.values() if t.in_grid and t.status == FINISHED]
+        done = [t for t in self.trials.values() if t.in_grid and t.status in ENDED]
         if not done or any(value_of(t, self.metric) is not None for t in done):
             return None
         return (f"--metric {self.metric}: no trial's final evaluation has it (theirs: "

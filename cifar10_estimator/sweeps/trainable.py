@@ -13,16 +13,28 @@
 - Its output goes to ``JOB/trial.log`` as it comes; for a job dir in a bucket, to a local file
   whose text goes to the driver with the result, and the driver writes it into the bucket: the
   trial itself touches no bucket, so it loads no TensorFlow (only its trainer does).
-- It reports the scalars to Ray Tune (``ray.tune.report``), or, when the trainer exited
-  non-zero, raises ``TrialFailed`` with the trainer's last error line, which Ray Tune shows as
-  the trial's error (status ERROR); the driver records both (``records``).
+- It reports each evaluation to Ray Tune (``ray.tune.report``) as the trainer adds it to the
+  metric file (its scalars, ``epoch``, ``global_step``, ``images_per_sec``), then the final
+  evaluation's scalars marked ``FINAL`` once the trainer has ended by itself; or, when the
+  trainer exited non-zero, raises ``TrialFailed`` with the trainer's last error line, which
+  Ray Tune shows as the trial's error (status ERROR). The driver records all of it
+  (``records``).
+- When the sweep's scheduler stops the trial at a report, Ray Tune stops the trial's actor:
+  ``stop`` (called from the actor's clean-up, ``tuner``) sends the trainer SIGTERM and waits
+  for it to save its step and exit 143, as a preempted trainer does, so its job dir stays
+  valid and resumable; a trainer outliving its actor is killed (``ray_node``).
+- A resumed sweep (a driver killed and started again) hands each trial the reports it made
+  before (``replays``): the trial gives them back to Ray Tune first, so that the scheduler
+  weighs the same evaluations again, then a trial that had not ended resumes its trainer
+  from the job dir's checkpoint; one that had ended stops there.
 """
 
 import os
 import signal
 import tempfile
+import threading
 import time
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from cifar10_estimator import engines, storage
 from cifar10_estimator.launch.ray_node import TaskRunner
@@ -34,6 +46,15 @@ _READ_SECS = 0.2
 _ERROR_MARK = ": error: "
 # The result's key of a trial's whole log, for a job dir in a bucket (the driver writes it).
 LOG_RESULT = "trial_log"
+# The result's key that marks a trial's last report, after its trainer ended by itself: a
+# trial whose last result lacks it was stopped early by the sweep's scheduler.
+FINAL = "final"
+# How long a stopped trial's trainer may take to save and exit before its actor goes (a
+# checkpoint of the largest ResNet takes seconds; Ray Tune itself kills a trial's actor that
+# takes longer than TUNE_FORCE_TRIAL_CLEANUP_S, 600 s by default, to stop).
+STOP_SECS = 300
+# The trainers running in this process (an actor runs one trial at a time), for ``stop``.
+_running: list = []
 
 
 class TrialFailed(Exception):
@@ -73,13 +94,23 @@ def last_error(lines: list[str]) -> str:
     return (marked or shown or ["the trainer said nothing"])[-1][:1000]
 
 
-def run(config: Mapping, env: Mapping[str, str]) -> None:
+def run(config: Mapping, env: Mapping[str, str],
+        replays: Optional[Mapping[str, list]] = None, ended: Sequence[str] = ()) -> None:
     """Ray Tune's trainable: one trial (``config["trial"]``: its name, trainer flags, job dir,
-    the sweep's record and run id); ``env``: the driver's variables for the trainer."""
+    the sweep's record and run id); ``env``: the driver's variables for the trainer.
+    ``replays``: the reports trials made in an earlier run of the sweep, by name, which each
+    hands back first (its scheduler weighs them again); the trials in ``ended`` (finished or
+    stopped then) stop there, without training again."""
     from ray import tune
     import ray
 
     spec = config["trial"]
+    done_steps = -1
+    for report in (replays or {}).get(spec["name"], ()):
+        tune.report(dict(report))
+        done_steps = report.get("global_step", done_steps)
+    if spec["name"] in ended:
+        return
     refusal = not_shared(spec["record"], spec["run_id"], ray.util.get_node_ip_address())
     if refusal:
         raise TrialFailed(refusal)
@@ -87,7 +118,8 @@ def run(config: Mapping, env: Mapping[str, str]) -> None:
         metric_file = os.path.join(temp, "output.metrics")
         variables = {**env, engines.TRIAL_ID_ENV: spec["name"],
                      engines.METRIC_FILE_ENV: metric_file}
-        code, tail, log = _run_trainer(spec["argv"], variables, spec["job_dir"], temp)
+        trainer = _Trainer(spec["job_dir"], temp, metric_file, tune.report, done_steps)
+        code, tail, log = trainer.run(spec["argv"], variables)
         if code != 0:
             raise TrialFailed(last_error(tail), code, log)
         try:
@@ -96,36 +128,92 @@ def run(config: Mapping, env: Mapping[str, str]) -> None:
         except (OSError, ValueError) as e:
             raise TrialFailed(f"the trainer ended without its final evaluation's figures in "
                               f"{metric_file} ({e})", code, log) from None
-    tune.report({**metrics, "global_step": step or 0,
+    tune.report({**metrics, "global_step": step or 0, FINAL: 1,
+                 **({"epoch": trainer.epoch} if trainer.epoch is not None else {}),
                  **({LOG_RESULT: log} if log is not None else {})})
 
 
-def _run_trainer(argv: list[str], variables: Mapping[str, str], job_dir: str, temp: str
-                 ) -> tuple[int, list[str], Optional[str]]:
-    """Runs the trainer to its end, its output into the trial's log: (exit status, its last
-    lines, the whole log where the job dir is a bucket's, for the driver to write there)."""
-    log = storage.join(job_dir, records.TRIAL_LOG_FILE)
-    local = not storage.is_url(log)
-    if local:
-        os.makedirs(job_dir, exist_ok=True)
-    path = log if local else os.path.join(temp, records.TRIAL_LOG_FILE)
-    tail: list[str] = []
-    runner = TaskRunner()
-    with open(path, "w") as out:
-        runner.start(argv, dict(variables))
+def stop() -> None:
+    """Ray Tune stops this trial (its scheduler stopped it early, or the sweep ends): its
+    trainer, if it runs, gets SIGTERM, saves its step as a preempted trainer does and exits
+    143, leaving its job dir resumable; this waits for that (``STOP_SECS`` at most) before the
+    actor goes, which would kill it unsaved."""
+    if _running:
+        _running[-1].stop()
+
+
+class _Trainer:
+    """The trial's trainer process: its output to the trial's log, each evaluation's report
+    to Ray Tune as it appears in the metric file."""
+
+    def __init__(self, job_dir: str, temp: str, metric_file: str, report: Callable,
+                 reported_step: float = -1):
+        log = storage.join(job_dir, records.TRIAL_LOG_FILE)
+        self.local = not storage.is_url(log)
+        if self.local:
+            os.makedirs(job_dir, exist_ok=True)
+        self.path = log if self.local else os.path.join(temp, records.TRIAL_LOG_FILE)
+        self.metric_file, self.report = metric_file, report
+        self.runner = TaskRunner()
+        self.tail: list[str] = []
+        self.epoch: Optional[float] = None  # the last report's
+        self._reported_step = reported_step  # the reports handed back already
+        self._lock = threading.Lock()  # the log: the trial's thread, or ``stop``'s
+        self._out = None
+
+    def run(self, argv: list[str], variables: Mapping[str, str]
+            ) -> tuple[int, list[str], Optional[str]]:
+        """Runs the trainer to its end: (exit status, its last lines, the whole log where the
+        job dir is a bucket's, for the driver to write there)."""
+        _running.append(self)
         try:
-            while True:
-                lines, code = runner.read()
-                out.writelines(lines)
-                out.flush()
-                tail = (tail + lines)[-50:]
-                if code is not None:
-                    break
-                time.sleep(_READ_SECS)
+            with open(self.path, "w") as self._out:
+                self.runner.start(argv, dict(variables))
+                try:
+                    while True:
+                        code = self._copy_output()
+                        self._report_new()
+                        if code is not None:
+                            break
+                        time.sleep(_READ_SECS)
+                finally:
+                    if self.runner.poll() is None:  # the log could not be written: it stops
+                        self.runner.send(signal.SIGTERM)
         finally:
-            if runner.poll() is None:  # the log could not be written: the trainer saves, stops
-                runner.send(signal.SIGTERM)
-    if local:
-        return code, tail, None
-    with open(path, errors="replace") as f:
-        return code, tail, f.read()
+            _running.remove(self)
+        if self.local:
+            return code, self.tail, None
+        with open(self.path, errors="replace") as f:
+            return code, self.tail, f.read()
+
+    def _copy_output(self) -> Optional[int]:
+        with self._lock:
+            lines, code = self.runner.read()
+            if self._out is not None and not self._out.closed:
+                self._out.writelines(lines)
+                self._out.flush()
+            self.tail = (self.tail + lines)[-50:]
+            return code
+
+    def _report_new(self) -> None:
+        """Each evaluation the trainer reported since the last call, to Ray Tune (which may
+        keep this thread there for good: its scheduler stopped the trial, ``stop``)."""
+        try:
+            with open(self.metric_file) as f:
+                found = engines.reports(f.read())
+        except OSError:
+            return
+        for report in found:
+            if "epoch" in report and report["global_step"] > self._reported_step:
+                self._reported_step, self.epoch = report["global_step"], report["epoch"]
+                self.report(dict(report))
+
+    def stop(self) -> None:
+        if self.runner.poll() is None:
+            self.runner.send(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_SECS
+            while self.runner.poll() is None and time.monotonic() < deadline:
+                self._copy_output()
+                time.sleep(_READ_SECS)
+        while self._copy_output() is None and self.runner.poll() is not None:
+            time.sleep(_READ_SECS)  # the last lines still coming

@@ -6,7 +6,9 @@ a function trainable (``trainable.run``) with the CPUs and GPUs each trial asks 
 ``max_concurrent`` at once, no retries (a failed trial is the user's to see: the sweep
 records it and a rerun runs it again), and a callback that records each trial's start and end
 as Ray Tune sees them (``records.Sweep``: ``sweep.json``, ``JOB/trial.json``, the HParams
-sessions, one line each). Ray Tune's own results go to ``storage_path``, a folder of the
+sessions, one line each), each evaluation a trial reports included. With ``--scheduler`` it
+gives Ray Tune the scheduler (``scheduler``), and a trial the scheduler stops is recorded as
+stopped early, its trainer saved (``trainable.stop``). Ray Tune's own results go to ``storage_path``, a folder of the
 driver's that the command deletes afterwards: the sweep's records are the ones above.
 
 The driver's variables the trainers need (a bucket's endpoint and keys) reach the trials
@@ -22,6 +24,11 @@ from cifar10_estimator.sweeps import records, trainable
 
 # Ray Tune's experiment name, a folder in ``storage_path``.
 EXPERIMENT = "cifar10-sweep"
+# The reports' time attribute the schedulers act on: epochs of the training file.
+EPOCH = "epoch"
+# A result's numbers that are not the evaluation's figures.
+_NOT_FIGURES = ("done", "trial_id", "experiment_tag", "global_step", trainable.FINAL,
+                "images_per_sec")
 
 
 def specs(state: records.Sweep, trials: Sequence[records.Trial]) -> list[dict]:
@@ -35,42 +42,112 @@ def _name(trial) -> str:
     return trial.config["trial"]["name"]
 
 
-def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, gpus: float,
-        max_concurrent: Optional[int], env: Mapping[str, str], storage_path: str) -> None:
-    """Runs ``trials`` with Ray Tune on the cluster this process has joined, recording each in
-    ``state`` as it starts and ends."""
-    from ray import tune
+def scheduler(kind: Optional[str], metric: str, mode: str, grace_epochs: float,
+              reduction_factor: float, max_epochs: Optional[float]):
+    """Ray Tune's scheduler for ``--scheduler``: None (every trial to its end), ``asha``
+    (``ASHAScheduler``: asynchronous successive halving, Li et al. 2020, arXiv:1810.05934) or
+    ``hyperband`` (``HyperBandScheduler``, Li et al. 2018, arXiv:1603.06560), both on the
+    trials' epochs, from ``grace_epochs`` on, keeping 1 in ``reduction_factor`` at each rung."""
+    if kind is None:
+        return None
+    from ray.tune import schedulers
 
-    function = tune.with_resources(tune.with_parameters(trainable.run, env=dict(env)),
-                                   {"cpu": cpus, "gpu": gpus})
+    # A trial that reaches max_t goes on to its end: its trainer's final evaluation and export
+    # come after its last report of an evaluation.
+    common = {"time_attr": EPOCH, "metric": metric, "mode": mode, "stop_last_trials": False,
+              **({"max_t": max_epochs} if max_epochs else {})}
+    if kind == "asha":
+        return schedulers.ASHAScheduler(grace_period=grace_epochs,
+                                        reduction_factor=reduction_factor, **common)
+    return schedulers.HyperBandScheduler(reduction_factor=reduction_factor, **common)
+
+
+def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, gpus: float,
+        max_concurrent: Optional[int], env: Mapping[str, str], storage_path: str,
+        early_stop=None) -> None:
+    """Runs ``trials`` with Ray Tune on the cluster this process has joined, recording each in
+    ``state`` as it starts, reports and ends; ``early_stop``: a scheduler (``scheduler``).
+
+    Where a scheduler stops trials, the trials that ended in an earlier run of the sweep (a
+    driver that was killed) go to Ray Tune too, and hand back the reports they made, as do the
+    trials that had not ended before they resume: the scheduler weighs the new reports
+    against the same ones as before."""
+    from ray import tune
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    ended = {t.name: t for t in state.trials.values() if t.in_grid and t.status in
+             records.ENDED and t.reports} if early_stop is not None else {}
+    replays = {name: _replay(t) for name, t in ended.items()}
+    replays.update({t.name: t.reports for t in trials if t.reports and early_stop is not None})
+    function = tune.with_resources(
+        tune.with_parameters(trainable.run, env=dict(env), replays=replays,
+                             ended=sorted(ended)),
+        {"cpu": cpus, "gpu": gpus})
+
+    class Trial(wrap_function(function)):
+        """The trainable (Ray Tune's class of a function trainable), whose trainer saves and
+        exits when Ray Tune stops it (``trainable.stop``) before its actor goes."""
+
+        def cleanup(self):
+            trainable.stop()
+            super().cleanup()
+
+    everything = [*ended.values(), *trials]
     tuner = tune.Tuner(
-        function, param_space={"trial": tune.grid_search(specs(state, trials))},
+        Trial, param_space={"trial": tune.grid_search(specs(state, everything))},
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
+                                    scheduler=early_stop, reuse_actors=False,
                                     trial_name_creator=_name, trial_dirname_creator=_name),
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage_path, verbose=0,
-                                  callbacks=[_recorder(state)],
+                                  callbacks=[_recorder(state, set(ended))],
                                   failure_config=tune.FailureConfig(max_failures=0)))
     tuner.fit()
 
 
-def _recorder(state: records.Sweep):
-    """A Ray Tune callback that records the trials' events in ``state``."""
+def _replay(trial: records.Trial) -> list[dict]:
+    """An ended trial's reports as it hands them back; a finished one's last marked final."""
+    reports = [dict(r) for r in trial.reports]
+    if trial.status == records.FINISHED:
+        reports[-1][trainable.FINAL] = 1
+    return reports
+
+
+def _recorder(state: records.Sweep, ended: set[str]):
+    """A Ray Tune callback that records the trials' events in ``state`` (the trials in
+    ``ended`` only hand back their reports: nothing of theirs is recorded again)."""
     from ray import tune
     from ray.tune.result import AUTO_RESULT_KEYS
 
+    def figures(result: Mapping) -> dict[str, float]:
+        return {k: float(v) for k, v in result.items()
+                if k not in AUTO_RESULT_KEYS and k not in _NOT_FIGURES
+                and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
     class Recorder(tune.Callback):
         def on_trial_start(self, iteration, trials, trial, **info):
-            state.started(_name(trial))
+            if _name(trial) not in ended:
+                state.started(_name(trial))
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if _name(trial) not in ended and EPOCH in result:
+                state.reported(_name(trial), {"global_step": float(result.get(
+                    "global_step", 0)), **figures(result)})
 
         def on_trial_complete(self, iteration, trials, trial, **info):
+            if _name(trial) in ended:
+                return
             result = trial.last_result or {}
-            metrics = {k: float(v) for k, v in result.items()
-                       if k not in AUTO_RESULT_KEYS and k != "global_step"
-                       and isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and k not in ("done", "trial_id", "experiment_tag")}
-            state.finished(_name(trial), metrics, log=result.get(trainable.LOG_RESULT))
+            log = result.get(trainable.LOG_RESULT)
+            if result.get(trainable.FINAL):
+                metrics = figures(result)
+                metrics.pop(EPOCH, None)
+                state.finished(_name(trial), metrics, log=log)
+            else:  # the scheduler stopped it at its last report
+                state.stopped(_name(trial), log=log)
 
         def on_trial_error(self, iteration, trials, trial, **info):
+            if _name(trial) in ended:
+                return
             error, exit_status, log = failure(trial)
             state.failed(_name(trial), error, exit_status, log=log)
 

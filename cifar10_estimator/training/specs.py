@@ -4,6 +4,7 @@ dir's lock, precise batch norm, a cluster's watchdogs), read from the task's pla
 sections of the settings each of them needs."""
 
 import logging
+import math
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -23,6 +24,14 @@ from cifar10_estimator.serving.best_export import BEST_SUBDIR
 from cifar10_estimator.training import fence, precise_bn, progress
 
 log = logging.getLogger("cifar10_estimator")
+
+
+def checkpoint_steps(plan: Plan, output: OutputSection) -> Optional[int]:
+    """Global steps between checkpoints: ``--save-checkpoints-steps``, or
+    ``--save-checkpoints-epochs`` in the plan's steps (at least one); None for a time."""
+    if output.save_checkpoints_epochs is not None:
+        return max(1, math.ceil(output.save_checkpoints_epochs * plan.steps_per_epoch))
+    return output.save_checkpoints_steps
 
 
 def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
@@ -50,7 +59,7 @@ def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
             model_dir=output.job_dir,
             tf_random_seed=seed,
             session_config=session_config(devices, logging_.log_device_placement, filters),
-            save_checkpoints_steps=output.save_checkpoints_steps,
+            save_checkpoints_steps=checkpoint_steps(plan, output),
             save_checkpoints_secs=output.checkpoint_secs,
             keep_checkpoint_max=output.keep_checkpoint_max,
             save_summary_steps=logging_.save_summary_steps,
@@ -114,7 +123,7 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
     all_reduce = plan.all_reduce_trainer
     # The lock's hook first: in an all-reduce task's session it then runs before the checkpoint
     # hooks, which Estimator gives no listener there.
-    lock_hooks = ([fence.LockHook(lock, (output.save_checkpoints_steps
+    lock_hooks = ([fence.LockHook(lock, (checkpoint_steps(plan, output)
                                          or fence.ALL_REDUCE_SAVE_STEPS)
                                   if all_reduce else None)] if lock is not None else [])
     listeners = [fence.LockListener(lock)] if lock is not None else []
@@ -133,7 +142,7 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
     asynchronous = role.in_cluster and role.num_ps and not plan.sync_replicas
     if role.is_chief and (precise or asynchronous):
         train_hooks.append(precise_bn.CheckpointHook(
-            job_dir, output.checkpoint_secs, output.save_checkpoints_steps,
+            job_dir, output.checkpoint_secs, checkpoint_steps(plan, output),
             plan.train_steps, precise_bn.PreciseBatchNorm(
                 model.precise_bn_batches, plan.train_steps,
                 skip=lambda: preemption.signum is not None) if precise else None,
