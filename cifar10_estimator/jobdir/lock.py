@@ -100,6 +100,8 @@ from cifar10_estimator.errors import UserError
 log = logging.getLogger("cifar10_estimator")
 
 LOCK_FILE = "trainer.lock"
+# The words of the refusal that a sweep's trial waits on (sweeps.trainable).
+IN_USE = "is in use by another trainer"
 HEARTBEAT_SECS = 10.0
 # Six missed heartbeats: a living holder on a busy machine still writes well within it.
 STALE_SECS = 60.0
@@ -451,7 +453,7 @@ class JobLock:
 
     def _refusal(self, holder: Holder) -> UserError:
         return UserError(
-            f"--job-dir {self.job_dir} is in use by another trainer "
+            f"--job-dir {self.job_dir} {IN_USE} "
             f"({holder.describe()}); wait for it to end, stop it, or use another --job-dir")
 
     # --- keeping it ------------------------------------------------------------------------------

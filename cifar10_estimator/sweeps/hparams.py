@@ -8,8 +8,10 @@ TensorBoard's HParams plugin (``tensorboard.plugins.hparams``) reads three kinds
   Estimator already writes into each trial's ``JOB/eval`` (the run ``<trial>/eval``: group
   ``eval``, tags ``accuracy``, ``cross_entropy``, ``loss``, and ``--metric`` where it is
   another);
-- a session per trial, in its job dir (the run ``<trial>``): its settings and its start;
-- the session's end, in the same run: success or failure.
+- a session per trial, in its job dir (the run ``<trial>``): its settings and its start,
+  written again when it ends with its ``status`` (an hparam of its own: finished, stopped
+  early by the scheduler, failed) and the ``epochs`` it trained (a metric of the run itself);
+- the session's end, in the same run: success (finished or stopped early) or failure.
 
 Each is written through TensorFlow's summary writer (so a bucket works as a local folder
 does), into event files of its own whose names end in ``SUFFIX``. TensorBoard keeps the first
@@ -20,7 +22,7 @@ TensorFlow is imported when the first summary is written (the command prepares t
 for it first).
 """
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from cifar10_estimator import logs, storage
 from cifar10_estimator.sweeps import records
@@ -30,6 +32,9 @@ SUFFIX = ".hparams"
 # The final evaluation's scalars the dashboard shows as the trials' metrics, in JOB/eval.
 EVAL_GROUP = "eval"
 METRICS = ("accuracy", "cross_entropy", "loss")
+# The session's own hparam and metric: how the trial ended, and the epochs it trained.
+STATUS, EPOCHS = "status", "epochs"
+STATUSES = (records.FINISHED, records.STOPPED, records.FAILED, records.RUNNING)
 
 
 def _tf():
@@ -66,9 +71,11 @@ def write_experiment(sweep_dir: str, varied: Sequence[records.Varied], metric: s
     for v in varied:
         values = [records.typed_settings([v], {v.flag: value})[v.flag] for value in v.values]
         hparams.append(hp.HParam(v.flag, hp.Discrete(values)))
+    hparams.append(hp.HParam(STATUS, hp.Discrete(list(STATUSES))))
     names = list(METRICS) + ([metric] if metric not in METRICS else [])
-    metrics = [hp.Metric(name, group=EVAL_GROUP, display_name=f"{name} (final evaluation)")
+    metrics = [hp.Metric(name, group=EVAL_GROUP, display_name=f"{name} (last evaluation)")
                for name in names]
+    metrics.append(hp.Metric(EPOCHS, display_name="epochs trained"))
     _replace(sweep_dir, lambda: hp.hparams_config(hparams=hparams, metrics=metrics))
 
 
@@ -81,14 +88,20 @@ def start_session(job_dir: str, name: str, settings: Mapping[str, Any], when: fl
     _replace(job_dir, lambda: hp.hparams(dict(settings), trial_id=name, start_time_secs=when))
 
 
-def end_session(job_dir: str, ok: bool, when: float) -> None:
-    """The end of a trial's session: success or failure."""
+def end_session(job_dir: str, ok: bool, when: float, epochs: Optional[float] = None) -> None:
+    """The end of a trial's session: success or failure, and the epochs it trained."""
     tf = _tf()
     from tensorboard.plugins.hparams import api_pb2, summary
 
     status = api_pb2.STATUS_SUCCESS if ok else api_pb2.STATUS_FAILURE
     end = summary.session_end_pb(status, end_time_secs=when).SerializeToString()
-    _append(tf, job_dir, lambda: tf.summary.experimental.write_raw_pb(end, step=0))
+
+    def write():
+        tf.summary.experimental.write_raw_pb(end, step=0)
+        if epochs is not None:
+            tf.summary.scalar(EPOCHS, epochs, step=0)
+
+    _append(tf, job_dir, write)
 
 
 class SessionWriter(records.TrialListener):
@@ -96,10 +109,17 @@ class SessionWriter(records.TrialListener):
 
     def __init__(self, varied: Sequence[records.Varied]):
         self.varied = list(varied)
+        self._when: dict[str, float] = {}  # each running trial's start
 
     def started(self, trial: records.Trial, when: float) -> None:
-        start_session(trial.job_dir, trial.name,
-                      records.typed_settings(self.varied, trial.settings), when)
+        self._start(trial, when)
 
     def ended(self, trial: records.Trial, ok: bool, when: float) -> None:
-        end_session(trial.job_dir, ok, when)
+        self._start(trial, self._when.pop(trial.name, when))  # again, with its status
+        end_session(trial.job_dir, ok, when, trial.epochs)
+
+    def _start(self, trial: records.Trial, when: float) -> None:
+        self._when.setdefault(trial.name, when)
+        start_session(trial.job_dir, trial.name,
+                      {**records.typed_settings(self.varied, trial.settings),
+                       STATUS: trial.status}, when)

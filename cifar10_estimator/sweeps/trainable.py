@@ -37,6 +37,7 @@ import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from cifar10_estimator import engines, storage
+from cifar10_estimator.jobdir.lock import IN_USE
 from cifar10_estimator.launch.ray_node import TaskRunner
 from cifar10_estimator.sweeps import records
 
@@ -53,6 +54,11 @@ FINAL = "final"
 # checkpoint of the largest ResNet takes seconds; Ray Tune itself kills a trial's actor that
 # takes longer than TUNE_FORCE_TRIAL_CLEANUP_S, 600 s by default, to stop).
 STOP_SECS = 300
+# How long a trial whose trainer is refused because another trainer holds the job dir
+# (jobdir.lock's IN_USE) waits for it to go: the trainers of a sweep whose driver was killed end
+# within seconds, as Ray ends that driver's actors (a few seconds on a local Ray cluster).
+LOCK_WAIT_SECS = 120
+LOCK_POLL_SECS = 2
 # The trainers running in this process (an actor runs one trial at a time), for ``stop``.
 _running: list = []
 
@@ -105,10 +111,9 @@ def run(config: Mapping, env: Mapping[str, str],
     import ray
 
     spec = config["trial"]
-    done_steps = -1
-    for report in (replays or {}).get(spec["name"], ()):
+    replayed = (replays or {}).get(spec["name"], ())
+    for report in replayed:
         tune.report(dict(report))
-        done_steps = report.get("global_step", done_steps)
     if spec["name"] in ended:
         return
     refusal = not_shared(spec["record"], spec["run_id"], ray.util.get_node_ip_address())
@@ -118,8 +123,15 @@ def run(config: Mapping, env: Mapping[str, str],
         metric_file = os.path.join(temp, "output.metrics")
         variables = {**env, engines.TRIAL_ID_ENV: spec["name"],
                      engines.METRIC_FILE_ENV: metric_file}
-        trainer = _Trainer(spec["job_dir"], temp, metric_file, tune.report, done_steps)
+        trainer = _Trainer(spec["job_dir"], temp, metric_file, tune.report,
+                           replayed[-1] if replayed else None)
         code, tail, log = trainer.run(spec["argv"], variables)
+        deadline = time.monotonic() + LOCK_WAIT_SECS
+        while code != 0 and IN_USE in last_error(tail) and time.monotonic() < deadline:
+            # The trainer of a sweep whose driver was killed, still saving or not yet ended by
+            # its actor's end: this trial's trainer starts again once it is gone.
+            time.sleep(LOCK_POLL_SECS)
+            code, tail, log = trainer.run(spec["argv"], variables)
         if code != 0:
             raise TrialFailed(last_error(tail), code, log)
         try:
@@ -128,8 +140,9 @@ def run(config: Mapping, env: Mapping[str, str],
         except (OSError, ValueError) as e:
             raise TrialFailed(f"the trainer ended without its final evaluation's figures in "
                               f"{metric_file} ({e})", code, log) from None
+    epoch = trainer.epoch_at(step or 0)
     tune.report({**metrics, "global_step": step or 0, FINAL: 1,
-                 **({"epoch": trainer.epoch} if trainer.epoch is not None else {}),
+                 **({"epoch": epoch} if epoch is not None else {}),
                  **({LOG_RESULT: log} if log is not None else {})})
 
 
@@ -147,7 +160,7 @@ class _Trainer:
     to Ray Tune as it appears in the metric file."""
 
     def __init__(self, job_dir: str, temp: str, metric_file: str, report: Callable,
-                 reported_step: float = -1):
+                 last: Optional[Mapping] = None):
         log = storage.join(job_dir, records.TRIAL_LOG_FILE)
         self.local = not storage.is_url(log)
         if self.local:
@@ -156,8 +169,9 @@ class _Trainer:
         self.metric_file, self.report = metric_file, report
         self.runner = TaskRunner()
         self.tail: list[str] = []
-        self.epoch: Optional[float] = None  # the last report's
-        self._reported_step = reported_step  # the reports handed back already
+        # The last report's epoch and step (``last``: the last one handed back already).
+        self.epoch: Optional[float] = last.get("epoch") if last else None
+        self._reported_step = last.get("global_step", -1) if last else -1
         self._lock = threading.Lock()  # the log: the trial's thread, or ``stop``'s
         self._out = None
 
@@ -207,6 +221,13 @@ class _Trainer:
             if "epoch" in report and report["global_step"] > self._reported_step:
                 self._reported_step, self.epoch = report["global_step"], report["epoch"]
                 self.report(dict(report))
+
+    def epoch_at(self, step: float) -> Optional[float]:
+        """The epoch of global step ``step``, at the steps per epoch the reports show (None
+        without a report)."""
+        if self.epoch is None or self._reported_step <= 0:
+            return self.epoch
+        return self.epoch * step / self._reported_step
 
     def stop(self) -> None:
         if self.runner.poll() is None:
