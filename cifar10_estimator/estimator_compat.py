@@ -36,11 +36,13 @@ module of the package leaves ``sys.meta_path`` as it was.
 
 Its version gate reads ``tf.__version__`` once TensorFlow has loaded (whichever distribution
 brought it): on 2.15, which has every piece, the finder takes itself out and patches nothing;
-on 2.16 to ``NEWEST_TESTED`` it patches; on a newer release it patches all the same and logs
-one warning naming the release. It warns rather than refuses: ``pyproject.toml`` caps
-TensorFlow below the next release, so a newer one is there because its user lifted the cap to
-try it, and the pieces are supplied only where missing (``tests/test_estimator_compat.py``
-names each private name the layer uses, for that user to read a failure by).
+on 2.16 to ``NEWEST_TESTED`` it patches; on a newer release it patches all the same, and logs
+one warning naming the release when the estimator first loads through it (not when TensorFlow
+loads: the commands import TensorFlow with stderr silenced, ``logs.import_tensorflow_quietly``).
+It warns rather than refuses: ``pyproject.toml`` caps TensorFlow below the next release, so a
+newer one is there because its user lifted the cap to try it, and the pieces are supplied only
+where missing (``tests/test_estimator_compat.py`` names each private name the layer uses, for
+that user to read a failure by).
 """
 
 import copy
@@ -107,17 +109,21 @@ _warned = False
 
 def _tensorflow_loaded(tf: types.ModuleType) -> None:
     """The version gate (module docstring), once ``tensorflow`` has loaded."""
-    global _warned
     version = release(tf.__version__)
     if version <= COMPLETE:
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Supplier)]
         return
-    if version > NEWEST_TESTED and not _warned:
+    _patch_tensorflow(tf)
+
+
+def _warn_if_untested(version: str) -> None:
+    """One warning a process, on a TensorFlow newer than ``NEWEST_TESTED``."""
+    global _warned
+    if release(version) > NEWEST_TESTED and not _warned:
         _warned = True
         log.warning("TensorFlow %s is newer than %d.%d, the newest release tf.estimator was "
                     "tested on here: the compatibility layer is installed all the same, and "
-                    "docs/versions.md says what was tried", tf.__version__, *NEWEST_TESTED)
-    _patch_tensorflow(tf)
+                    "docs/versions.md says what was tried", version, *NEWEST_TESTED)
 
 
 class _Supplier(importlib.abc.MetaPathFinder):
@@ -171,6 +177,8 @@ class _SuppliedModule(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         if module.__name__ == COORDINATOR_MODULE:
+            # The estimator's own modules import this one first: the estimator is loading.
+            _warn_if_untested(getattr(sys.modules.get("tensorflow"), "__version__", "?"))
             module.__doc__ = "Supplied by cifar10_estimator.estimator_compat (removed in TF 2.16)."
             module.init_run_config = _init_run_config
             module.should_run_distribute_coordinator = _should_run_distribute_coordinator

@@ -276,9 +276,12 @@ def _tensorflow_of(version: str) -> types.SimpleNamespace:
 def test_a_release_newer_than_the_tested_ones_is_patched_with_one_warning(version, warned,
                                                                           monkeypatch, caplog):
     monkeypatch.setattr(estimator_compat, "_warned", False)
+    monkeypatch.setitem(sys.modules, "tensorflow", _tensorflow_of(version))
     caplog.set_level(logging.WARNING, logger=estimator_compat.__name__)
-    for _ in range(2):
-        estimator_compat._tensorflow_loaded(_tensorflow_of(version))
+    for _ in range(2):  # TensorFlow loaded, then the estimator's first import of the module
+        estimator_compat._tensorflow_loaded(sys.modules["tensorflow"])
+        estimator_compat._SuppliedModule().exec_module(
+            types.ModuleType(estimator_compat.COORDINATOR_MODULE))
     lines = [r.getMessage() for r in caplog.records if r.name == estimator_compat.__name__]
     if not warned:
         assert lines == []

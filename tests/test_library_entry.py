@@ -20,9 +20,10 @@ pytestmark = pytest.mark.slow  # it trains
 CALLER = r"""
 import json, logging, os, signal, sys, threading, warnings
 
-from cifar10_estimator import train
+from cifar10_estimator import estimator_compat, train
 
 args = json.loads(sys.argv[1])
+layer_before = estimator_compat.installed()  # importing the trainer does not install it
 
 def on_term(signum, frame):
     pass
@@ -75,6 +76,11 @@ preemption.Preemption.install = install
 out["main"] = summary(train.run(args[1]))
 out["main_changed"] = compare(before, state())
 out["main_installed"] = seen_during
+import tensorflow as tf
+# The run's set-up installed tf.estimator's compatibility layer, which stays (from 2.16 on; on
+# 2.15 it leaves once TensorFlow has loaded, with nothing to supply).
+out["layer"] = [layer_before, estimator_compat.installed(),
+                estimator_compat.release(tf.__version__) > estimator_compat.COMPLETE]
 print(json.dumps(out))
 """
 
@@ -106,6 +112,8 @@ def test_run_from_a_thread_and_from_the_main_thread_restores_the_process(tiny_re
         assert out[f"{run}_changed"] == [], run  # handlers, environ, log, warnings: as found
     assert out["tf_env_set"] == [] and out["filter_left"] == []
     assert out["main_installed"] == [True]  # on the main thread it does handle signals
+    layer_before, layer_after, needed = out["layer"]
+    assert layer_before is False and layer_after is needed
     # Off the main thread it installs nothing and says so, once.
     said = done.stderr.count("SIGTERM and SIGINT are the caller's to handle")
     assert said == 1, done.stderr[-4000:]
