@@ -3,12 +3,14 @@
     python -m cifar10_estimator.sweep --ray HEAD:6379 --sweep-dir s3://bucket/sweep \\
         --vary learning-rate=0.05,0.1 --vary num-layers=20,32 -- --data-dir s3://bucket/data
 
-trains one trial per point of the grid of ``--vary`` values, each a run of the trainer in its
-own job dir (``SWEEP/trial-NNN-<settings>``), with Ray Tune on a Ray cluster's nodes, and names
-the best by the final evaluation's ``--metric``. A rerun skips the finished trials and runs
-the rest. ``sweeps.records`` holds the grid and the records, ``sweeps.tuner`` and
-``sweeps.trainable`` the run, ``sweeps.hparams`` TensorBoard's HParams summaries; this module
-reads the command line and the environment and prints. Exits 0 when every trial finished, 1
+trains one trial per point of the grid of ``--vary`` values (or per point drawn from their
+ranges, ``--search random``), each a run of the trainer in its own job dir
+(``SWEEP/trial-NNN-<settings>``), with Ray Tune on a Ray cluster's nodes, and names the best by
+the final evaluation's ``--metric``. A rerun skips the finished trials and runs the rest.
+``sweeps.records`` holds the grid and the records, ``sweeps.space`` the ranges and the draws,
+``sweeps.tuner`` and ``sweeps.trainable`` the run, ``sweeps.hparams`` TensorBoard's HParams
+summaries, ``sweeps.results`` the closing table, CSV and curves; this module reads the
+command line and the environment and prints. Exits 0 when every trial finished, 1
 when one failed, 2 for a mistake in the command line, 130 when interrupted (docs/sweeps.md).
 """
 
@@ -23,7 +25,7 @@ from typing import Optional, Sequence, TextIO
 from cifar10_estimator import cli, storage
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
-from cifar10_estimator.sweeps import records
+from cifar10_estimator.sweeps import records, results, space
 
 MODULE = "cifar10_estimator.sweep"
 # Ray Tune's switch between its console outputs (ray/tune/experimental/output.py).
@@ -35,16 +37,21 @@ def build_parser() -> cli.Parser:
     parser = cli.Parser(
         MODULE,
         usage="%(prog)s --ray ADDRESS --sweep-dir DIR --vary FLAG=A,B [--vary FLAG=C,D ...] "
-              "[--metric NAME] [--mode max|min] [--max-concurrent N] [--cpus-per-trial C] "
-              "[@FLAGFILE] -- TRAINER_FLAGS...",
+              "[--search random|tpe --num-trials N [--seed S]] [--metric NAME] [--mode max|min] "
+              "[--max-concurrent N] [--cpus-per-trial C] [@FLAGFILE] -- TRAINER_FLAGS...",
         examples=(f"{prog} --ray auto --sweep-dir sweep --vary learning-rate=0.05,0.1 "
                   f"--vary num-layers=20,32 -- --data-dir cifar10-data --train-epochs 30",
                   f"{prog} --ray HEAD:6379 --sweep-dir s3://bucket/sweep --vary "
                   f"weight-decay=1e-4,5e-4 --cpus-per-trial 8 -- @job.flags",
                   f"{prog} --ray local --sweep-dir sweep --vary recipe=paper,fast --metric "
-                  f"loss -- --data-dir cifar10-data"),
+                  f"loss -- --data-dir cifar10-data",
+                  f"{prog} --ray auto --sweep-dir sweep --search random --num-trials 12 --vary "
+                  f"learning-rate=loguniform:0.01:1 --vary weight-decay=loguniform:1e-5:1e-3 "
+                  f"--scheduler asha --grace-epochs 1 -- --data-dir cifar10-data "
+                  f"--train-epochs 30"),
         description="Train one trial for each point of the grid of --vary values (the "
-                    "cartesian product), each `python -m cifar10_estimator TRAINER_FLAGS "
+                    "cartesian product), or for --num-trials points drawn from their ranges "
+                    "(--search random or tpe), each `python -m cifar10_estimator TRAINER_FLAGS "
                     "--job-dir SWEEP/trial-NNN-...` as a process of its own, run by Ray Tune "
                     "on a Ray cluster's nodes; then name the best by the final evaluation's "
                     "--metric. SWEEP/sweep.json lists every trial; `tensorboard --logdir "
@@ -64,7 +71,9 @@ def build_parser() -> cli.Parser:
         help="a trainer flag (as the trainer spells it, without the dashes) and the values "
              "the trials take, separated by commas (by ';' for a flag whose value is a list: "
              "--vary 'lr-boundary-epochs=82,123;50,75'); once per flag; a value here wins over "
-             "the same flag after --")
+             "the same flag after --. With --search random or tpe, a range instead: "
+             "uniform:LOW:HIGH, loguniform:LOW:HIGH, int:LOW:HIGH (for num-layers the depths "
+             "6n+2 in it), or values, choice:A,B")
     parser.add_argument(
         "--metric", default="accuracy",
         help="the final evaluation's scalar that ranks the trials: accuracy, cross_entropy, "
@@ -87,6 +96,22 @@ def build_parser() -> cli.Parser:
         help="take trainer flags that differ from the ones sweep.json recorded: every trial "
              "runs again with them, each trainer resuming its job dir (a setting its "
              "settings.json records changes only with the trainer's own --change-settings)")
+    search = parser.add_argument_group(
+        "search", "which trials run: every point of the grid of --vary values, or trials drawn "
+                  "from their ranges")
+    search.add_argument(
+        "--search", choices=space.SEARCHES, default=space.GRID,
+        help="grid: every combination of the --vary values; random: --num-trials points "
+             "drawn at random from the --vary ranges and values, seeded by --seed; tpe: "
+             "--num-trials points drawn one after another by Optuna's TPE from the results so "
+             "far (the tune extra)")
+    search.add_argument(
+        "--num-trials", type=int, default=None, metavar="N",
+        help="how many trials --search random or tpe draws (required there)")
+    search.add_argument(
+        "--seed", type=int, default=None, metavar="S",
+        help="the seed of --search random's and tpe's draws (default 0: a rerun draws the "
+             "same trials); the trainers' own seed is --seed after --")
     return parser
 
 
@@ -110,8 +135,9 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
     for name, why in records.OWN_FLAGS.items():
         if getattr(parsed, name.replace("-", "_")) is not None:
             raise UserError(f"--{name} among the trainer flags: {why}; leave it out")
-    varied = records.parse_vary(args.vary, cwd)
-    if not parsed.data_dir and "data-dir" not in [v.flag for v in varied]:
+    args.dimensions = space.parse(args.vary, cwd)
+    _check_search(args)
+    if not parsed.data_dir and "data-dir" not in [d.flag for d in args.dimensions]:
         raise UserError("the trainer needs --data-dir (after --)")
     mode = records.default_mode(args.metric)
     mode = args.mode or mode
@@ -123,7 +149,7 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
 
     trainer = ray_actors.with_gpus(records.absolute_paths(trainer, cwd), args.gpus_per_trial,
                                      parsed.num_gpus)
-    points = records.grid(varied)
+    varied, points = _points(args, trainer)
     records.check_trials(trainer, points)
     sweep_dir = records.absolute(args.sweep_dir, cwd)
     # What the trainers get from this environment, taken before the process is prepared for
@@ -136,6 +162,42 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
     storage.check_writable(sweep_dir, "--sweep-dir")
     state = _state(sweep_dir, trainer, varied, points, args, mode, out)
     return _run(state, args, env)
+
+
+def _check_search(args) -> None:
+    """--search, --num-trials and --seed together, and the grid's --vary values (no ranges)."""
+    if args.search == space.GRID:
+        if args.num_trials is not None:
+            raise UserError("--num-trials is for --search random or tpe: a grid's trials are "
+                            "its points; leave it out, or add --search random")
+        if args.seed is not None:
+            raise UserError("--seed is for --search random or tpe: a grid draws nothing (the "
+                            "trainers' own seed is --seed after --)")
+        space.grid(args.dimensions)
+        return
+    if args.num_trials is None:
+        raise UserError(f"--search {args.search} needs --num-trials N, how many trials to "
+                        f"draw, e.g. --num-trials 12")
+    if args.num_trials < 1:
+        raise UserError(f"--num-trials must be 1 or more, got {args.num_trials}")
+    if args.seed is not None and not 0 <= args.seed <= space.MAX_SEED:
+        raise UserError(f"--seed must be from 0 to {space.MAX_SEED}, got {args.seed}")
+    space.check_installed(args.search)
+
+
+def _points(args, trainer: list[str]) -> tuple[list[records.Varied], list[dict[str, str]]]:
+    """The varied flags and the trials' settings: the grid's points, or the random draws."""
+    if args.search == space.GRID:
+        varied = space.grid(args.dimensions)
+        return varied, records.grid(varied)
+    space.check_ends(trainer, args.dimensions)
+    if args.search == space.TPE:
+        # TPE draws each trial from the results so far, as the sweep runs: tuner.run takes
+        # space.searcher and space.ray_search_space there (issue 68, the run's part).
+        raise UserError("--search tpe: drawing trials as the sweep runs is not wired into the "
+                        "run yet; use --search random")
+    points = space.draw(args.dimensions, args.num_trials, args.seed or 0)
+    return space.varied(args.dimensions, points), points
 
 
 def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, out: TextIO
@@ -166,7 +228,9 @@ def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, 
 def _run(state: records.Sweep, args, env: dict) -> int:
     pending = state.pending()
     grid_size = sum(t.in_grid for t in state.trials.values())
-    shape = " x ".join(f"{v.flag} {','.join(v.values)}" for v in state.varied)
+    shape = (" x ".join(f"{v.flag} {','.join(v.values)}" for v in state.varied)
+             if args.search == space.GRID else
+             f"drawn at random with seed {args.seed or 0} from {space.describe(args.dimensions)}")
     state.say(f"{grid_size} trials ({shape}) in {state.sweep_dir}: "
               f"{grid_size - len(pending)} finished already, {len(pending)} to run")
     state.save()
@@ -183,6 +247,7 @@ def _run(state: records.Sweep, args, env: dict) -> int:
     state.save()
     for line in state.summary():
         state.say(line)
+    _results(state)
     tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     state.say(f"TensorBoard: {tensorboard if os.access(tensorboard, os.X_OK) else 'tensorboard'}"
               f" --logdir {state.sweep_dir}  (the HParams tab compares the trials)")
@@ -200,6 +265,18 @@ def _run(state: records.Sweep, args, env: dict) -> int:
         state.say(failures)
         return 1
     return 0
+
+
+def _results(state: records.Sweep) -> None:
+    """The ranked table, SWEEP/results.csv, and the trials' curves (a PNG, TensorBoard)."""
+    trials = list(state.trials.values())
+    for line in results.table(trials, state.metric, state.mode):
+        state.say(line)
+    written = results.plot_curves(state.sweep_dir, trials, state.metric)
+    state.say(f"the table: {results.write_csv(state.sweep_dir, trials, state.metric, state.mode)}"
+              + (f"; {state.metric} over the epochs: {written[0]} and "
+                 f"{storage.join(state.sweep_dir, results.CURVES_DIR)} (TensorBoard)"
+                 if written else ""))
 
 
 class _SaidBySweep(logging.Filter):
