@@ -201,16 +201,17 @@ def reports(text: str) -> list[dict[str, float]]:
 
 
 def evaluation_reporter(trial_id: Optional[str], metric_file: Optional[str]
-                        ) -> Optional[Callable[[Mapping, float, float], None]]:
+                        ) -> Optional[Callable[[Mapping, str, float, float], None]]:
     """With ``CLOUD_ML_TRIAL_ID`` or ``CLOUD_ML_HP_METRIC_FILE`` set, what reports each
-    evaluation as it ends (its metrics, its epoch and the task's images per second) to the
-    metric file; elsewhere None."""
+    evaluation as it ends (its metrics, its checkpoint, its epoch and the task's images per
+    second) to the metric file; elsewhere None."""
     if not wanted(trial_id, metric_file):
         return None
 
-    def report(metrics: Mapping, epoch: float, images_per_sec: float) -> None:
+    def report(metrics: Mapping, checkpoint: str, epoch: float, images_per_sec: float
+               ) -> None:
         write(metric_file, trial_id, {**metrics, "epoch": epoch,
-                                      "images_per_sec": images_per_sec})
+                                      "images_per_sec": images_per_sec}, checkpoint)
 
     return report
 

@@ -15,6 +15,7 @@ when one failed, 2 for a mistake in the command line, 130 when interrupted (docs
 """
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -27,6 +28,11 @@ from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.sweeps import records, results, space
 
+# --scheduler's choices (sweeps.tuner.scheduler).
+SCHEDULERS = ("asha", "hyperband")
+# Successive halving's eta: 3 is the value Li et al. 2018 (arXiv:1603.06560, section 2.6)
+# recommend and Ray Tune's HyperBandScheduler's default.
+REDUCTION_FACTOR = 3.0
 MODULE = "cifar10_estimator.sweep"
 # Ray Tune's switch between its console outputs (ray/tune/experimental/output.py).
 RAY_NEW_OUTPUT_ENV = "RAY_AIR_NEW_OUTPUT"
@@ -112,6 +118,21 @@ def build_parser() -> cli.Parser:
         "--seed", type=int, default=None, metavar="S",
         help="the seed of --search random's and tpe's draws (default 0: a rerun draws the "
              "same trials); the trainers' own seed is --seed after --")
+    stopping = parser.add_argument_group(
+        "early stopping", "stop the trials that fall behind at their evaluations, each saved "
+                          "as a preempted trainer is (its job dir resumable)")
+    stopping.add_argument(
+        "--scheduler", choices=SCHEDULERS, default=None,
+        help="asha: asynchronous successive halving (Li et al. 2020, arXiv:1810.05934); "
+             "hyperband: HyperBand's brackets (Li et al. 2018, arXiv:1603.06560); both through "
+             "Ray Tune, on the trials' epochs, every trial evaluating each "
+             "--save-checkpoints-epochs (default: every trial runs to its end)")
+    stopping.add_argument(
+        "--grace-epochs", type=float, default=1.0, metavar="E",
+        help="epochs every trial trains before it can be stopped (asha)")
+    stopping.add_argument(
+        "--reduction-factor", type=float, default=REDUCTION_FACTOR, metavar="R",
+        help="at each rung, keep the best 1 in R trials going")
     return parser
 
 
@@ -145,6 +166,14 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         raise UserError(f"--max-concurrent must be 1 or more, got {args.max_concurrent}")
     if args.cpus_per_trial < 0 or args.gpus_per_trial < 0:
         raise UserError("--cpus-per-trial and --gpus-per-trial must be 0 or more")
+    if not args.grace_epochs > 0:
+        raise UserError(f"--grace-epochs must be positive, got {args.grace_epochs:g}")
+    if not args.reduction_factor >= 2:
+        raise UserError(f"--reduction-factor must be 2 or more (1 would keep every trial), "
+                        f"got {args.reduction_factor:g}")
+    args.max_epochs = _max_epochs(parsed)
+    if args.scheduler:
+        trainer = _evaluating_often(trainer, args.grace_epochs)
     from cifar10_estimator.launch import ray_actors
 
     trainer = ray_actors.with_gpus(records.absolute_paths(trainer, cwd), args.gpus_per_trial,
@@ -200,6 +229,26 @@ def _points(args, trainer: list[str]) -> tuple[list[records.Varied], list[dict[s
     return space.varied(args.dimensions, points), points
 
 
+def _evaluating_often(trainer: list[str], grace_epochs: float) -> list[str]:
+    """The trainer flags with a checkpoint, and its evaluation, every epoch (every
+    ``grace_epochs`` when that is less), where the flags do not say otherwise: the scheduler
+    acts on evaluations, which the trainer makes of checkpoints."""
+    given = vars(flags.build_parser(defaults=False).parse_args(trainer))
+    added = []
+    if not {"save_checkpoints_steps", "save_checkpoints_epochs",
+            "save_checkpoints_secs"} & set(given):
+        added.append(f"--save-checkpoints-epochs={min(1.0, grace_epochs):g}")
+    if "eval_throttle_secs" not in given:
+        added.append("--eval-throttle-secs=0")
+    return added + trainer
+
+
+def _max_epochs(parsed) -> Optional[float]:
+    """The trials' length in epochs, where the trainer flags give it (the schedulers' last
+    rung)."""
+    return math.ceil(parsed.train_epochs) if parsed.train_epochs else None
+
+
 def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, out: TextIO
            ) -> records.Sweep:
     """The sweep's trials, from the grid and what the sweep dir already holds."""
@@ -217,6 +266,7 @@ def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, 
     trials = records.assign(points, recorded, sweep_dir)
     for trial in trials:
         records.read_back(trial, trainer)
+    records.restore_reports(trials, recorded)
     state = records.Sweep(sweep_dir, records.new_run_id(), trainer, varied, trials, args.metric,
                         mode, out, listener=hparams.SessionWriter(varied))
     content = state.content()
@@ -232,7 +282,7 @@ def _run(state: records.Sweep, args, env: dict) -> int:
              if args.search == space.GRID else
              f"drawn at random with seed {args.seed or 0} from {space.describe(args.dimensions)}")
     state.say(f"{grid_size} trials ({shape}) in {state.sweep_dir}: "
-              f"{grid_size - len(pending)} finished already, {len(pending)} to run")
+              f"{grid_size - len(pending)} ended already, {len(pending)} to run")
     state.save()
     if pending:
         # Ray Tune's console output of Ray 2.x prints its configuration and the paths of its
@@ -310,8 +360,11 @@ def _tune(state: records.Sweep, pending, args, env: dict) -> None:
               + (f", at most {args.max_concurrent} at once" if args.max_concurrent else ""))
     results = tempfile.mkdtemp(prefix="cifar10-sweep-tune-")
     try:
+        early_stop = tuner.scheduler(args.scheduler, state.metric, state.mode, args.grace_epochs,
+                                     args.reduction_factor, args.max_epochs)
         tuner.run(state, pending, cpus=args.cpus_per_trial, gpus=args.gpus_per_trial,
-                       max_concurrent=args.max_concurrent, env=env, storage_path=results)
+                  max_concurrent=args.max_concurrent, env=env, storage_path=results,
+                  early_stop=early_stop)
     finally:
         shutil.rmtree(results, ignore_errors=True)
 

@@ -217,9 +217,10 @@ def test_hparams_summaries_the_experiment_and_a_session_replaced_when_it_runs_ag
     experiment = summaries(tmp_path)[metadata.EXPERIMENT_TAG].experiment
     assert [(h.name, [getattr(v, v.WhichOneof("kind")) for v in h.domain_discrete.values])
             for h in experiment.hparam_infos] == [
-        ("learning-rate", [0.05, 0.1]), ("sync", [False, True])]  # sorted by TensorBoard
+        ("learning-rate", [0.05, 0.1]), ("status", list(hparams.STATUSES)),
+        ("sync", [False, True])]  # sorted by TensorBoard
     assert [(m.name.group, m.name.tag) for m in experiment.metric_infos] == [
-        ("eval", "accuracy"), ("eval", "cross_entropy"), ("eval", "loss")]
+        ("eval", "accuracy"), ("eval", "cross_entropy"), ("eval", "loss"), ("", "epochs")]
     hparams.start_session(str(job), "trial-001", {"learning-rate": 0.05, "sync": True}, 1)
     hparams.end_session(str(job), False, 2)
     first = summaries(job)
@@ -293,6 +294,10 @@ def test_a_trainer_in_a_vertex_ai_trial_reports_its_final_scalars(tiny_records, 
     assert {"cross_entropy", "loss", "per_class_accuracy/cat"} <= set(metrics)
     assert (f"reported accuracy, cross_entropy, loss and 10 per-class accuracies to the "
             f"hyperparameter-tuning metric file {metric_file} (trial 12)") in proc.stderr
+    # Each evaluation as it ended (here the one at the end of training), then the final one.
+    each, final = engines.reports(metric_file.read_text())
+    assert each["epoch"] == pytest.approx(2 / 12) and each["images_per_sec"] > 0
+    assert each["accuracy"] == final["accuracy"] and "epoch" not in final
 
 
 # --- the command's mistakes: one line, before anything runs --------------------------------
@@ -408,7 +413,7 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     out = done.stdout
     assert f"sweep: 4 trials (learning-rate 0.05,0.1 x num-layers 8,14) in {sweep_dir}: 0 " \
-           f"finished already, 4 to run" in out
+           f"ended already, 4 to run" in out
     assert "Ray cluster at" in out and "2 node(s)" in out
     names = ["trial-001-lr0.05_nl8", "trial-002-lr0.05_nl14", "trial-003-lr0.1_nl8",
              "trial-004-lr0.1_nl14"]
@@ -434,7 +439,8 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
         assert "reported accuracy, cross_entropy, loss and 10 per-class accuracies" in log
     # TensorBoard's HParams dashboard compares the four.
     experiment, groups = _hparams_dashboard(sweep_dir, tmp_path, 4, env)
-    assert {h["name"] for h in experiment["hparamInfos"]} == {"learning-rate", "num-layers"}
+    assert {h["name"] for h in experiment["hparamInfos"]} == {"learning-rate", "num-layers",
+                                                              "status"}
     assert {"accuracy", "loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
     assert len(groups["sessionGroups"]) == 4
     for group in groups["sessionGroups"]:
@@ -449,7 +455,7 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
     logs_before = {n: shared_store.read(f"sweep/{n}/trial.log") for n in names}
     again = _sweep(ray_cluster, sweep_dir, grid, trainer, env)
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
-    assert "4 finished already, 0 to run" in again.stdout
+    assert "4 ended already, 0 to run" in again.stdout
     assert "started" not in again.stdout and "Ray cluster at" not in again.stdout
     assert f"sweep: best: {best} " in again.stdout
     assert {n: shared_store.read(f"sweep/{n}/trial.log") for n in names} == logs_before
@@ -458,7 +464,7 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
     grown = _sweep(ray_cluster, sweep_dir, ["learning-rate=0.05,0.1,1e30", "num-layers=8,14"],
                    trainer, env)
     assert grown.returncode == 1, (grown.stdout + grown.stderr)[-6000:]
-    assert "6 trials" in grown.stdout and "4 finished already, 2 to run" in grown.stdout
+    assert "6 trials" in grown.stdout and "4 ended already, 2 to run" in grown.stdout
     failed = ["trial-005-lr1e+30_nl8", "trial-006-lr1e+30_nl14"]
     for name in failed:
         assert re.search(rf"sweep: {re.escape(name)} failed \(exit status 2\) after \d+ s: "
@@ -475,3 +481,78 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
     statuses = {g["name"]: g["sessions"][0]["status"] for g in groups["sessionGroups"]}
     assert statuses == {**{n: "STATUS_SUCCESS" for n in names},
                         **{n: "STATUS_FAILURE" for n in failed}}
+
+
+def _wait_for_line(log, pattern: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, log.read_text()):
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"no {pattern!r} in:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(ray_cluster is None, reason="the ray extra installs Ray")
+def test_asha_stops_the_losers_saved_and_a_sweep_outlives_its_driver_killed(
+        ray_cluster, shared_store, tiny_records, tmp_path):
+    # One trial at a time, the first a learner and the next two at learning rates that learn
+    # nothing: ASHA (grace 1 epoch of 12 steps) keeps the first to its end and stops the other
+    # two at their first rung. The driver is killed (SIGKILL) while the first trains; the same
+    # command resumes the sweep.
+    local_data, _ = tiny_records
+    shared_store.upload(local_data, "data")
+    sweep_dir = f"{shared_store.root}/asha"
+    command_line = [
+        sys.executable, "-m", "cifar10_estimator.sweep", "--ray", ray_cluster, "--sweep-dir",
+        sweep_dir, "--vary", "learning-rate=0.05,1e-7,2e-7", "--cpus-per-trial", "2",
+        "--max-concurrent", "1", "--scheduler", "asha", "--grace-epochs", "1", "--",
+        "--data-dir", f"{shared_store.root}/data", *TINY_BATCHES, "--train-epochs", "4",
+        "--precise-bn-batches", "0"]
+    env = trainer_env(extra=shared_store.env)
+    log = tmp_path / "driver.log"
+    with open(log, "w") as out:
+        driver = subprocess.Popen(command_line, stdout=out, stderr=subprocess.STDOUT,
+                                  cwd=work_dir(), env=env)
+    try:
+        _wait_for_line(log, r"sweep: trial-001-lr0.05 epoch 1: accuracy", driver, 300)
+    finally:
+        driver.kill()  # SIGKILL: no handler runs, the sweep's records stay as they were
+        driver.wait(30)
+    killed = json.loads(shared_store.read("asha/sweep.json"))
+    assert killed["trials"][0]["status"] == "running" and killed["trials"][0]["reports"]
+    again = subprocess.run(command_line, capture_output=True, text=True, timeout=400,
+                           cwd=work_dir(), env=env)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-6000:]
+    record = json.loads(shared_store.read("asha/sweep.json"))
+    first, *losers = record["trials"]
+    assert [t["status"] for t in record["trials"]] == ["finished", "stopped", "stopped"], \
+        again.stdout
+    # The first kept the reports it made before the kill, then trained on from its checkpoint
+    # to its end: every evaluation once, in order; its table row says 4 epochs.
+    steps = [r["global_step"] for r in first["reports"]]
+    assert steps == sorted(set(steps)) and steps[0] == killed["trials"][0]["reports"][0][
+        "global_step"] and first["epochs"] == pytest.approx(4)
+    assert record["best"] == first["name"] and "1 of 3 trials finished, 2 stopped early" in \
+        again.stdout
+    for loser in losers:
+        assert loser["epochs"] == pytest.approx(1) and len(loser["reports"]) == 1
+        assert re.search(rf"sweep: {loser['name']} stopped early at epoch 1 after \d+ s: "
+                         rf"accuracy [\d.]+", again.stdout), again.stdout
+        trial = json.loads(shared_store.read(f"asha/{loser['name']}/trial.json"))
+        assert trial["status"] == "stopped" and trial["metrics"]["accuracy"] == loser["value"]
+        # Saved as a preempted trainer saves: a checkpoint past the evaluation it stopped at.
+        keys = shared_store.keys(f"asha/{loser['name']}/")
+        saved = [int(m.group(1)) for k in keys
+                 for m in [re.search(r"model\.ckpt-(\d+)\.index$", k)] if m]
+        assert max(saved) >= 12, keys
+        assert f"asha/{loser['name']}/trial.log" in keys
+    # Nothing trained twice at once: no trainer was refused a job dir; the table and its CSV.
+    assert "in use by another trainer" not in again.stdout
+    rows = shared_store.read("asha/results.csv").decode().splitlines()
+    assert len(rows) == 4 and rows[1].split(",")[1] == first["name"]
+    # A rerun keeps every trial as it ended: nothing runs again.
+    last = subprocess.run(command_line, capture_output=True, text=True, timeout=120,
+                          cwd=work_dir(), env=env)
+    assert last.returncode == 0 and "3 ended already, 0 to run" in last.stdout, last.stdout

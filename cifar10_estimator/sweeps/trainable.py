@@ -220,7 +220,15 @@ class _Trainer:
         for report in found:
             if "epoch" in report and report["global_step"] > self._reported_step:
                 self._reported_step, self.epoch = report["global_step"], report["epoch"]
-                self.report(dict(report))
+                self.report({**report, **self._log_so_far()})
+
+    def _log_so_far(self) -> dict:
+        """For a job dir in a bucket, the log so far, which the driver writes there if this
+        report turns out to be the trial's last (its scheduler stops it); else nothing."""
+        if self.local:
+            return {}
+        with self._lock, open(self.path, errors="replace") as f:
+            return {LOG_RESULT: f.read()}
 
     def epoch_at(self, step: float) -> Optional[float]:
         """The epoch of global step ``step``, at the steps per epoch the reports show (None

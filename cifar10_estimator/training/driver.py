@@ -55,14 +55,14 @@ def train_and_evaluate(role: Role, machine: start.Machine,
                        model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
                        cluster: ClusterSection, output: OutputSection,
                        logging_: LoggingSection,
-                       on_evaluation: Optional[Callable[[dict, float, float], None]] = None
+                       on_evaluation: Optional[Callable[[dict, str, float, float], None]] = None
                        ) -> TrainResult:
     """Trains, evaluates and (on the chief) exports, as ``role`` (``task.tf_config.parse`` of
     TF_CONFIG's value) says, with these sections of the settings (the command checked them
     against the machine). ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
-    and ``errors.Stopped``; ``on_evaluation`` is handed each evaluation's metrics, its epoch
-    and this task's training images per second, as the evaluation ends (a tuning service's
+    and ``errors.Stopped``; ``on_evaluation`` is handed each evaluation's metrics, its
+    checkpoint, its epoch and this task's training images per second, as the evaluation ends (a tuning service's
     intermediate reports). The root of a task's run: it hands each part the sections that part
     reads."""
     preemption = preemption or Preemption()
@@ -109,7 +109,7 @@ def _after_evaluation(task: start.Task, best, on_evaluation) -> Callable[[dict, 
         if on_evaluation:
             step = int(metrics.get("global_step", 0))
             secs = time.monotonic() - started
-            on_evaluation(metrics, step / plan.steps_per_epoch,
+            on_evaluation(metrics, path, step / plan.steps_per_epoch,
                           plan.worker_images(step - task.start_step) / secs if secs else 0.0)
         return exported
 
