@@ -102,7 +102,7 @@ from machine import machine_line
 from cifar10_estimator import storage
 from cifar10_estimator.config import flags as trainer_flags
 from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
-from cifar10_estimator.config.settings import RESNET, ModelParams, TrainConfig
+from cifar10_estimator.config.settings import FIELDS, RESNET
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import CPP_LOG_LEVEL_ENV, import_tensorflow_quietly
@@ -209,14 +209,13 @@ SUSPECTS = {
 }
 # The changes a row of each base may name.
 CHANGES = {"fast": CANDIDATES, "paper": SUSPECTS}
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelParams)}
+DEFAULTS = {f.name: f.default for f in FIELDS}
 # The training images the tutorial's 80,000 steps were counted against: its hard-coded 45,000
 # (config/overlays.py's comment on the ResNet's train_steps; docs/training.md, "The learning-rate
 # schedule"). The package counts the records of the training file instead.
 TUTORIAL_TRAIN_IMAGES = 45_000
 # The default run in epochs: 80,000 x 128 / 45,000 = 227.6. The default boundaries
-# (ModelParams.lr_boundary_epochs) are placed within a run of this length.
+# (ScheduleSection.lr_boundary_epochs) are placed within a run of this length.
 DEFAULT_RUN_EPOCHS = (MODEL_OVERLAYS[RESNET]["train_steps"] * DEFAULTS["train_batch_size"]
                       / TUTORIAL_TRAIN_IMAGES)
 # Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747): 1,000 test pictures per class.
@@ -332,7 +331,7 @@ def prepare_data(work_dir: str, per_class: Optional[int], split: str) -> str:
 def scaled_boundaries(epochs: float) -> str:
     """The default boundaries scaled from the default run's length to ``epochs``: "a,b,c"."""
     return ",".join(f"{b * epochs / DEFAULT_RUN_EPOCHS:.6g}"
-                    for b in MODEL_DEFAULTS["lr_boundary_epochs"])
+                    for b in DEFAULTS["lr_boundary_epochs"])
 
 
 def epoch_steps(train_records: int, batch: int) -> int:
@@ -346,7 +345,7 @@ def epoch_steps(train_records: int, batch: int) -> int:
 def run_batch(flags: list[str]) -> int:
     """The training batch of a trainer run with these flags, as the trainer resolves it (a
     flag given, else the recipe's, else the model's, else the default)."""
-    return trainer_flags.parse(flags)[0].train_batch_size
+    return trainer_flags.parse(flags)[0].schedule.train_batch_size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,9 +526,9 @@ def train_keras(args) -> int:
     steps_per_epoch = epoch_steps(train_records, keras_resnet.BATCH_SIZE)
     boundary_epochs = [float(e) for e in args.lr_boundary_epochs.split(",")]
     # As the trainer's piecewise schedule (model/schedules.py): int(steps per epoch x epoch),
-    # the rate times one factor per phase (ModelParams.lr_decay_factors: 1, 0.1, 0.01, 0.002).
+    # the rate times one factor per phase (ScheduleSection.lr_decay_factors: 1, 0.1, 0.01, 0.002).
     boundaries = [int(steps_per_epoch * e) for e in boundary_epochs]
-    values = [keras_resnet.LEARNING_RATE * f for f in MODEL_DEFAULTS["lr_decay_factors"]]
+    values = [keras_resnet.LEARNING_RATE * f for f in DEFAULTS["lr_decay_factors"]]
     schedule = tf.keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
     print(f"Keras ResNet-{args.depth}; {train_records} train records, {steps_per_epoch} steps "
           f"per epoch, {args.epochs * steps_per_epoch} steps in all; learning rate "

@@ -36,10 +36,10 @@ from cifar10_estimator.platform.precision import resolve_precision
 # feature maps; the first block of stages 2 and 3 halves the map with a stride of 2).
 STEM_FILTERS = 16
 STAGES = ((16, 1), (32, 2), (64, 2))
-# The package's defaults (model_fn.ModelSettings), which are the TensorFlow CIFAR-10 estimator
-# tutorial's: batch-norm decay and epsilon, L2 coefficient on 0.5 * ||w||^2, SGD momentum and the
-# learning rate of the first phase of the schedule. Batch 128, momentum 0.9 and learning rate 0.1
-# are also the paper's (section 4.2).
+# The package's defaults (config/settings.py's ModelSection and ScheduleSection), which are the
+# TensorFlow CIFAR-10 estimator tutorial's: batch-norm decay and epsilon, L2 coefficient on
+# 0.5 * ||w||^2, SGD momentum and the learning rate of the first phase of the schedule. Batch
+# 128, momentum 0.9 and learning rate 0.1 are also the paper's (section 4.2).
 BN_MOMENTUM = 0.997
 BN_EPSILON = 1e-5
 WEIGHT_DECAY = 2e-4

@@ -34,7 +34,7 @@ from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.model.model_fn import make_model_fn
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import Settings
 from cifar10_estimator.model.model_fn import ModelSettings
 from cifar10_estimator.platform.session import session_config
 
@@ -49,14 +49,15 @@ class Stamp(tf.estimator.SessionRunHook):
     def after_run(self, run_context, run_values):
         stamps.setdefault("step", time.perf_counter())
 
-config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=depth,
+config = Settings.of(data_dir=data_dir, job_dir=job_dir, num_layers=depth,
                      precision=extra[0] if extra else "fp32")
-rc = tf.estimator.RunConfig(model_dir=job_dir, session_config=session_config(config),
+rc = tf.estimator.RunConfig(model_dir=job_dir, session_config=session_config(config.devices),
                             checkpoint_save_graph_def=False, log_step_count_steps=None)
 settings = ModelSettings.of(plan.resolve(
-    config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES,
+    Role(), config.model, config.schedule, config.devices, config.cluster,
+    dataset="cifar10", class_names=schema.CLASS_NAMES,
     train_records=Cifar10DataSet(data_dir, "train").num_examples(),
-    precision=config.precision))
+    precision=config.devices.precision), config.model, data_dir)
 estimator = tf.estimator.Estimator(make_model_fn(settings), config=rc)
 t_begin = time.perf_counter()
 estimator.train(lambda: Cifar10DataSet(data_dir, "train").make_batch(128), max_steps=1,

@@ -32,11 +32,10 @@ def _ours(depth: int, batch: int):
 
     from cifar10_estimator.model import model_fn
     from cifar10_estimator.config.plan import schedule_of
-    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 
-    params = ModelParams(num_layers=depth)
-    settings = model_fn.ModelSettings(params, schedule=schedule_of(
-        params, steps_per_epoch=312, total_steps=80_000, global_batch=128))
+    settings = model_fn.ModelSettings(ModelSection(num_layers=depth), schedule=schedule_of(
+        ScheduleSection(), steps_per_epoch=312, total_steps=80_000, global_batch=128))
     rng = np.random.default_rng(0)
     images = tf.constant(rng.uniform(0, 255, (batch, 32, 32, 3)).astype(np.float32))
     labels = tf.constant(rng.integers(0, 10, batch).astype(np.int32))

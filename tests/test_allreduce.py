@@ -84,8 +84,8 @@ def test_what_a_strategy_cannot_do_is_refused_with_one_line(extra, message):
 def test_a_multi_worker_job_leaves_precise_batch_norm_off_by_default():
     config, _ = flags.parse(["--data-dir", "d", "--job-dir", "j", *ALL_REDUCE])
     checks.validate(config)
-    assert config.precise_bn_batches == 0
-    assert flags.parse(["--distribution-strategy", "mirrored"])[0].precise_bn_batches == 50
+    assert config.model.precise_bn_batches == 0
+    assert flags.parse(["--distribution-strategy", "mirrored"])[0].model.precise_bn_batches == 50
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.model import model_fn
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.serving import best_export, export
 from trainer_fixtures import checkpoint_of, trainer_args
 
@@ -24,7 +24,7 @@ def test_only_a_better_evaluation_replaces_the_best_export_even_after_a_resume(
         tmp_path, caplog):
     checkpoint = checkpoint_of(8, tmp_path)
     out = str(tmp_path / "export")
-    best = best_export.BestExport(model_fn.ModelSettings(ModelParams(num_layers=8)), out)
+    best = best_export.BestExport(model_fn.ModelSettings(ModelSection(num_layers=8)), out)
     assert best.best_accuracy() is None
     first = best.consider({"accuracy": 0.5, "global_step": 10}, checkpoint)
     assert first and _metrics(first) == {"accuracy": 0.5, "global_step": 10}
@@ -35,7 +35,7 @@ def test_only_a_better_evaluation_replaces_the_best_export_even_after_a_resume(
     assert os.listdir(best.folder) == [os.path.basename(second)]  # the older one is gone
     assert "best accuracy so far, 62.50%" in caplog.text
     # A resumed job reads the contest's state back from the export.
-    again = best_export.BestExport(model_fn.ModelSettings(ModelParams(num_layers=8)), out)
+    again = best_export.BestExport(model_fn.ModelSettings(ModelSection(num_layers=8)), out)
     assert again.best_accuracy() == 0.625
     assert again.consider({"accuracy": 0.6, "global_step": 50}, checkpoint) is None
     # The best export serves like the final one.
@@ -48,7 +48,7 @@ def test_a_checkpoint_deleted_before_its_export_is_skipped_with_one_line(tmp_pat
     checkpoint = checkpoint_of(8, tmp_path)
     for path in glob.glob(checkpoint + ".*"):
         os.remove(path)  # as --keep-checkpoint-max does
-    best = best_export.BestExport(model_fn.ModelSettings(ModelParams(num_layers=8)),
+    best = best_export.BestExport(model_fn.ModelSettings(ModelSection(num_layers=8)),
                                   str(tmp_path / "export"))
     with caplog.at_level(logging.INFO, "cifar10_estimator"):
         assert best.consider({"accuracy": 0.9}, checkpoint) is None

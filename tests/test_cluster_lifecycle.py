@@ -102,9 +102,9 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
             copy_checkpoint(4)
         return eval_data.make_batch(8)
 
-    from cifar10_estimator.config.settings import TrainConfig
+    from cifar10_estimator.config.settings import Settings
 
-    config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
+    config = Settings.of(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          train_batch_size=8, eval_batch_size=8)
     from cifar10_estimator.config import plan
     from cifar10_estimator.config.role import Role
@@ -112,9 +112,11 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
 
     evaluator_role = Role("evaluator", 0, {"chief": ("127.0.0.1:1",),
                                            "evaluator": ("127.0.0.1:2",)})
-    settings = ModelSettings.of(plan.resolve(config, evaluator_role, dataset="cifar10",
+    settings = ModelSettings.of(plan.resolve(evaluator_role, config.model, config.schedule,
+                                             config.devices, config.cluster, dataset="cifar10",
                                              class_names=schema.CLASS_NAMES, train_records=96,
-                                             precision="fp32"))
+                                             precision="fp32"),
+                                config.model, config.data.data_dir)
 
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
     metrics = evaluator.evaluate_checkpoints(estimator, input_fn, train_steps=4,

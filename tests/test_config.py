@@ -16,19 +16,33 @@ def _missing_metadata(cls) -> list[str]:
             if any(key not in f.metadata for key in fields.REQUIRED)]
 
 
-@pytest.mark.parametrize("cls", [settings.ModelParams, settings.TrainConfig])
-def test_every_setting_declares_its_help_group_and_whether_it_defines_the_run(cls):
+@pytest.mark.parametrize("group,cls", settings.SECTIONS, ids=[n for n, _ in settings.SECTIONS])
+def test_every_setting_declares_its_help_group_and_whether_it_defines_the_run(group, cls):
+    # A setting's help group is its section: every section is one of the help's groups.
+    assert group in dict(fields.GROUPS)
     assert _missing_metadata(cls) == []
-    groups = dict(fields.GROUPS)
     for field in dataclasses.fields(cls):
-        assert field.metadata["group"] in groups
+        assert settings.SECTION_OF[field.name] == group
         assert field.metadata["help"] and "(default:" not in field.metadata["help"] or (
             field.default is None), f"{field.name} restates its default in its help"
 
 
+def test_the_sections_are_the_help_groups_in_order_and_hold_every_setting_once():
+    assert [name for name, _ in settings.SECTIONS] == [name for name, _ in fields.GROUPS]
+    assert [f.name for f in settings.FIELDS] == [
+        f.name for _, cls in settings.SECTIONS for f in dataclasses.fields(cls)]
+    assert len(settings.SECTION_OF) == len(settings.FIELDS)
+    given = settings.Settings.of(num_layers=8, sync=True, job_dir="j")
+    assert (given.model.num_layers, given.cluster.sync, given.output.job_dir) == (8, True, "j")
+    assert given.flat()["num_layers"] == given.value("num_layers") == 8
+    assert given.replace(sync=False).cluster == settings.ClusterSection()
+    with pytest.raises(TypeError, match="not settings: num_layer"):
+        settings.Settings.of(num_layer=8)
+
+
 def test_a_field_without_metadata_is_found():
     @dataclasses.dataclass(frozen=True)
-    class Extended(settings.TrainConfig):
+    class Extended(settings.ScheduleSection):
         new_knob: int = 3
 
     assert _missing_metadata(Extended) == ["new_knob"]
@@ -37,22 +51,23 @@ def test_a_field_without_metadata_is_found():
 def test_every_setting_is_one_flag_listed_in_its_help_group():
     parser = flags.build_parser()
     groups = {group.title: group for group in parser._action_groups}
-    for field in dataclasses.fields(settings.TrainConfig):
-        group = groups[field.metadata["group"]]
-        assert fields.flag(field.name) in {o for a in group._group_actions
-                                           for o in a.option_strings}, field.name
+    for name, section in settings.SECTIONS:
+        group = groups[name]
+        for field in dataclasses.fields(section):
+            assert fields.flag(field.name) in {o for a in group._group_actions
+                                               for o in a.option_strings}, field.name
 
 
 def test_the_run_record_holds_exactly_the_fields_that_define_the_run():
-    recorded = settings_record.run_settings(settings.TrainConfig(), "cifar10", 10)
-    assert set(recorded) == {f.name for f in dataclasses.fields(settings.TrainConfig)
+    recorded = settings_record.run_settings(settings.Settings().flat(), "cifar10", 10)
+    assert set(recorded) == {f.name for f in settings.FIELDS
                              if f.metadata["record"]} | set(settings_record.DATA_FIELDS)
     assert {"learning_rate", "precision", "num_layers"} <= set(settings.RUN_FIELDS)
     assert not {"job_dir", "train_steps", "num_gpus"} & set(settings.RUN_FIELDS)
 
 
 def test_every_value_a_recipe_or_model_sets_is_a_setting_and_the_recipe_line_shows_it():
-    names = {f.name for f in dataclasses.fields(settings.TrainConfig)}
+    names = {f.name for f in settings.FIELDS}
     for overlay in [*overlays.MODELS.values(), *overlays.RECIPES.values()]:
         assert set(overlay) <= names
     for recipe in overlays.RECIPES.values():
@@ -84,11 +99,12 @@ def test_a_flag_for_another_model_is_refused():
 
 def test_overlays_stack_field_model_recipe_and_given_values():
     tutorial = overlays.build(model="tutorial-cnn")
-    assert (tutorial.momentum, tutorial.train_steps) == (0.0, 100_000)
-    fast = overlays.build(recipe="fast", train_epochs=5.0)
+    assert (tutorial.schedule.momentum, tutorial.schedule.train_steps) == (0.0, 100_000)
+    fast = overlays.build(recipe="fast", train_epochs=5.0).schedule
     assert fast.lr_schedule == "one-cycle" and fast.train_steps is None  # epochs replace steps
-    assert overlays.build(recipe="fast", learning_rate=0.3).learning_rate == 0.3
-    assert overlays.build().train_steps == overlays.MODELS[settings.RESNET]["train_steps"]
+    assert overlays.build(recipe="fast", learning_rate=0.3).schedule.learning_rate == 0.3
+    assert overlays.build().schedule.train_steps == overlays.MODELS[settings.RESNET][
+        "train_steps"]
 
 
 def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file():
@@ -101,8 +117,9 @@ def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file()
     between = overlays.recipe_epochs("fast", int((small * large) ** 0.5))  # halfway in log N
     assert between == round((short + long_) / 2, 1)
     assert overlays.recipe_epochs("paper", 50_000) is None
-    assert overlays.build(recipe="fast").train_steps is None  # the model's length gives way
-    assert overlays.build(recipe="fast", train_steps=10).train_steps == 10
+    # The model's length gives way.
+    assert overlays.build(recipe="fast").schedule.train_steps is None
+    assert overlays.build(recipe="fast", train_steps=10).schedule.train_steps == 10
 
 
 def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer():
@@ -117,12 +134,14 @@ def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimize
 
     for given in ([], ["--nesterov"]):
         config, _ = flags.parse(["--num-layers", "8", *given])
-        assert config.nesterov == bool(given) and "nesterov" in settings.RUN_FIELDS
-        resolved = plan.resolve(config, Role(), dataset="cifar10",
+        assert config.schedule.nesterov == bool(given) and "nesterov" in settings.RUN_FIELDS
+        resolved = plan.resolve(Role(), config.model, config.schedule, config.devices,
+                                config.cluster, dataset="cifar10",
                                 class_names=schema.CLASS_NAMES, train_records=96,
                                 precision="fp32")
         with tf.Graph().as_default():
-            spec = model_fn.make_model_fn(model_fn.ModelSettings.of(resolved))(
+            spec = model_fn.make_model_fn(model_fn.ModelSettings.of(
+                resolved, config.model, config.data.data_dir))(
                 {"image": tf.zeros([2, 32, 32, 3])}, tf.zeros([2], tf.int32),
                 tf.estimator.ModeKeys.TRAIN)
             applies = [op for op in tf.compat.v1.get_default_graph().get_operations()

@@ -6,7 +6,6 @@ TF_CONFIG values. The tasks' logs are the evidence: each trainer logs how many s
 itself, the parameter server logs which trainers reported, the evaluator logs each evaluation.
 """
 
-import dataclasses
 import os
 import re
 import socket
@@ -19,7 +18,7 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.launch import layout
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import Settings
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, RATE, exports, free_ports,
                               frozen_holder, local_spec, one, run_cluster, task_lines, tf_config)
 from trainer_fixtures import checkpoint_step, run_trainer, trainer_args
@@ -287,13 +286,14 @@ def test_cluster_layout_counts_the_chief_among_the_workers():
 
 
 def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
-    async_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8)
-    sync_config = TrainConfig(data_dir="d", job_dir="j", train_batch_size=8, sync=True)
+    async_config = Settings.of(data_dir="d", job_dir="j", train_batch_size=8)
+    sync_config = Settings.of(data_dir="d", job_dir="j", train_batch_size=8, sync=True)
     # 96 records: 12 batches of 8. Async: one batch per global step, whatever the workers.
     two = {"chief": ("h:1",), "worker": ("h:2",), "ps": ("h:3",)}
 
     def resolve(config, role):
-        return plan.resolve(config, role, dataset="cifar10", class_names=schema.CLASS_NAMES,
+        return plan.resolve(role, config.model, config.schedule, config.devices, config.cluster,
+                            dataset="cifar10", class_names=schema.CLASS_NAMES,
                             train_records=96, precision="fp32")
 
     chief, evaluator = Role("chief", 0, two), Role("evaluator", 0, two)
@@ -304,5 +304,5 @@ def test_an_epoch_counts_every_workers_batch_in_sync_mode_only():
     assert resolve(sync_config, chief).global_batch == 16
     assert resolve(sync_config, Role()).steps_per_epoch == 12
     # The evaluator counts the cluster's workers too: it waits for the chief's last step.
-    epochs = dataclasses.replace(sync_config, train_epochs=2.0)
+    epochs = sync_config.replace(train_epochs=2.0)
     assert resolve(epochs, evaluator).train_steps == resolve(epochs, chief).train_steps == 12

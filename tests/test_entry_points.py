@@ -91,8 +91,9 @@ def test_flag_files_hold_flags_with_comments_and_later_flags_win(tmp_path):
     path.write_text("# the job\n--data-dir 'my data'   # quoted, as in a shell\n"
                     "--num-layers 20\n\n--recipe fast --train-epochs 30\n")
     config, _ = flags.parse([f"@{path}", "--train-epochs", "40"])
-    assert (config.data_dir, config.num_layers, config.train_epochs) == ("my data", 20, 40.0)
-    assert config.lr_schedule == "one-cycle"  # the recipe, from the file
+    assert (config.data.data_dir, config.model.num_layers, config.schedule.train_epochs) == (
+        "my data", 20, 40.0)
+    assert config.schedule.lr_schedule == "one-cycle"  # the recipe, from the file
     # In a real process, the generator's own flags from a file (the sample data, small).
     gen = tmp_path / "gen.flags"
     gen.write_text(f"--data-dir {tmp_path / 'data'}\n--sample --sample-size 10  # tiny\n")

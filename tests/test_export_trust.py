@@ -61,7 +61,7 @@ def our_exports(tmp_path_factory, tiny_export) -> dict[str, str]:
     (``export.export_saved_model``, about 1 s each) once for the whole run (``built_once``:
     under pytest-xdist, by the first test process that asks; each reads a copy of its own),
     and the trained ``tiny_export``."""
-    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.config.settings import ModelSection
     from cifar10_estimator.model.model_fn import ModelSettings
     from cifar10_estimator.serving import export
 
@@ -69,7 +69,7 @@ def our_exports(tmp_path_factory, tiny_export) -> dict[str, str]:
         for name, (fields, dtype) in VARIANTS.items():
             folder = os.path.join(root, name)
             os.makedirs(folder)
-            params = ModelParams(**fields)
+            params = ModelSection(**fields)
             export.export_saved_model(
                 ModelSettings(params, compute_dtype=dtype), _checkpoint(params, folder),
                 os.path.join(folder, "export"))

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.config import flags, overlays, plan
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 from cifar10_estimator.data import pipeline, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import lookahead, model_fn, networks, schedules, whitening
@@ -37,14 +37,14 @@ PATHS = ["--data-dir", "d", "--job-dir", "j"]
 ])
 def test_the_paper_recipe_given_a_length_in_epochs_follows_he_et_al(argv, schedule):
     config, _ = flags.parse(argv + PATHS)
-    assert config.lr_schedule == schedule
+    assert config.schedule.lr_schedule == schedule
     # The recipe line marks a schedule as given only when a flag gave it.
     line = overlays.describe(config)
     assert (f"--lr-schedule {schedule} (given)" in line) == ("--lr-schedule" in argv)
 
 
 def test_he_schedule_drops_at_half_and_three_quarters_of_the_run():
-    params = ModelParams(lr_schedule="he", learning_rate=0.1)
+    params = ScheduleSection(lr_schedule="he", learning_rate=0.1)
     with tf.Graph().as_default():
         step = tf.compat.v1.placeholder(tf.int64, [])
         rate = schedules.learning_rate(step, plan.schedule_of(
@@ -61,10 +61,10 @@ def test_the_plan_line_names_the_steps_he_drops_after():
     from cifar10_estimator.training import start
 
     config, _ = flags.parse(["--train-epochs", "10", "--train-batch-size", "100"] + PATHS)
-    resolved = resolve(config, Role(), dataset="cifar10",
-                       class_names=[str(i) for i in range(10)], train_records=1000,
-                       precision="fp32")
-    assert start._plan_line(resolved).endswith(
+    resolved = resolve(Role(), config.model, config.schedule, config.devices, config.cluster,
+                       dataset="cifar10", class_names=[str(i) for i in range(10)],
+                       train_records=1000, precision="fp32")
+    assert start._plan_line(resolved, config.model, config.schedule.recipe).endswith(
         "he learning rate peaking at 0.1, x0.1 after step 50 and x0.01 after step 75 (He et "
         "al.'s proportions of the run)")
 
@@ -110,9 +110,10 @@ def test_whitening_needs_the_resnet_and_a_patch_it_knows():
 
 def _one_step_changes(multiplier: float) -> dict:
     """How far one training step moves each variable of a tiny ResNet, by name."""
-    params = ModelParams(num_layers=8, batch_norm_lr_multiplier=multiplier, momentum=0.0)
-    settings = model_fn.ModelSettings(params, schedule=plan.schedule_of(
-        params, steps_per_epoch=10, total_steps=10, global_batch=128))
+    schedule = ScheduleSection(batch_norm_lr_multiplier=multiplier, momentum=0.0)
+    settings = model_fn.ModelSettings(
+        ModelSection(num_layers=8), plan.optimizer_of(schedule), schedule=plan.schedule_of(
+            schedule, steps_per_epoch=10, total_steps=10, global_batch=128))
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(1)
         images = tf.constant(np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)),
@@ -209,8 +210,8 @@ def test_the_training_pipeline_shows_every_picture_both_ways_over_two_epochs(tmp
 
 def test_the_views_weigh_the_picture_half_and_each_shift_a_quarter():
     images = tf.reshape(tf.range(2 * 32 * 32 * 3, dtype=tf.float32), [2, 32, 32, 3])
-    views = networks.test_time_views(images, ModelParams(test_time_shift=1,
-                                                         test_time_mirror=True))
+    views = networks.test_time_views(images, ModelSection(test_time_shift=1,
+                                                          test_time_mirror=True))
     assert len(views) == 6 and sum(w for _, w in views) == pytest.approx(1.0)
     centre, up_left, down_right = (views[0][0], views[2][0], views[4][0])
     np.testing.assert_array_equal(centre, images)
@@ -218,18 +219,18 @@ def test_the_views_weigh_the_picture_half_and_each_shift_a_quarter():
     np.testing.assert_array_equal(up_left[:, 1:, 1:], images[:, :-1, :-1])
     np.testing.assert_array_equal(down_right[:, :-1, :-1], images[:, 1:, 1:])
     np.testing.assert_array_equal(views[1][0], images[:, :, ::-1])
-    assert networks.test_time_views(images, ModelParams()) == [(images, 1.0)]
+    assert networks.test_time_views(images, ModelSection()) == [(images, 1.0)]
 
 
 def test_logits_average_the_views_as_weighed():
-    params = ModelParams(num_layers=8, test_time_shift=2)
+    params = ModelSection(num_layers=8, test_time_shift=2)
     pictures = np.random.default_rng(1).uniform(0, 255, (3, 32, 32, 3)).astype(np.float32)
     with tf.Graph().as_default():
         images = tf.constant(pictures)
         with tf.compat.v1.variable_scope("resnet"):
             averaged = networks.logits(images, params, is_training=False, num_classes=10)
         with tf.compat.v1.variable_scope("resnet", reuse=True):
-            each = [(networks.logits(view, ModelParams(num_layers=8), is_training=False,
+            each = [(networks.logits(view, ModelSection(num_layers=8), is_training=False,
                                      num_classes=10), weight)
                     for view, weight in networks.test_time_views(images, params)]
         with tf.compat.v1.Session() as session:
@@ -298,8 +299,7 @@ def test_a_run_with_every_lever_trains_resumes_evaluates_and_exports(tiny_record
 
 
 def test_training_pictures_are_scaled_down_until_the_low_res_steps_end():
-    settings = model_fn.ModelSettings(params=ModelParams(low_res_fraction=0.5, low_res_size=20),
-                                      low_res_steps=3)
+    settings = model_fn.ModelSettings(model=ModelSection(), low_res_steps=3, low_res_size=20)
     pictures = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype(np.float32)
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()
@@ -323,8 +323,10 @@ def test_the_low_res_steps_are_the_fraction_of_the_plans_steps():
     config, _ = flags.parse(["--low-res-fraction", "0.375", "--train-epochs", "4",
                              "--train-batch-size", "8"] + PATHS)
     settings = model_fn.ModelSettings.of(resolve(
-        config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES, train_records=96,
-        precision="fp32"))
+        Role(), config.model, config.schedule, config.devices, config.cluster,
+        dataset="cifar10", class_names=schema.CLASS_NAMES, train_records=96,
+        precision="fp32"), config.model, config.data.data_dir)
+    assert settings.low_res_size == config.schedule.low_res_size == 24
     assert settings.low_res_steps == 18  # 0.375 of 4 epochs of 96 / 8 = 12 steps
 
 
@@ -333,35 +335,48 @@ def test_the_fast_recipes_share_of_small_pictures_follows_the_training_files_siz
     from cifar10_estimator.jobdir import settings_record
     from cifar10_estimator.training import start
 
-    def planned(records, *argv):
+    def with_settings(records, *argv):
         config, _ = flags.parse(["--recipe", "fast", *argv] + PATHS)
-        return plan.resolve(config, Role(), dataset="cifar10", class_names=schema.CLASS_NAMES,
-                            train_records=records, precision="fp32")
+        return config, plan.resolve(Role(), config.model, config.schedule, config.devices,
+                                    config.cluster, dataset="cifar10",
+                                    class_names=schema.CLASS_NAMES, train_records=records,
+                                    precision="fp32")
+
+    def planned(records, *argv):
+        return with_settings(records, *argv)[1]
+
+    def recorded(records, *argv):
+        config, resolved = with_settings(records, *argv)
+        return settings_record.of_plan(resolved, config.flat())
+
+    config = with_settings(40_000)[0]
 
     small, between, large = planned(10_000), planned(20_000), planned(40_000)
     assert (small.low_res_fraction, small.low_res_steps) == (0.0, 0)
     assert 0 < between.low_res_fraction < large.low_res_fraction == 0.545
     # 5.5 epochs of 625 steps: the first 0.545 of the 3,438 steps at 24 pixels.
     assert (large.train_steps, large.low_res_steps) == (3438, 1873)
-    assert model_fn.ModelSettings.of(large).low_res_steps == 1873
+    assert model_fn.ModelSettings.of(large, config.model, None).low_res_steps == 1873
     assert "the first 1873 steps (0.545 of the run, the fast recipe's share for 40,000 " \
-           "records) at 24 pixels" in start._plan_line(large)
-    assert "pixels" not in start._plan_line(small)
+           "records) at 24 pixels" in start._plan_line(large, config.model, "fast")
+    assert "pixels" not in start._plan_line(small, config.model, "fast")
     given = planned(10_000, "--low-res-fraction", "0.25")
     assert given.low_res_steps == int(0.25 * given.train_steps)
-    assert "(0.25 of the run, --low-res-fraction)" in start._plan_line(given)
-    assert "--low-res-fraction by the training set's size" in overlays.describe(large.config)
+    assert "(0.25 of the run, --low-res-fraction)" in start._plan_line(given, config.model,
+                                                                       "fast")
+    assert "--low-res-fraction by the training set's size" in overlays.describe(config)
 
     # The job dir keeps the share the run resolved: the same file size agrees, another is
     # refused like a changed flag, naming both values.
     job_dir = str(tmp_path)
-    settings_record.check(job_dir, settings_record.of_plan(large), is_chief=True)
+    settings_record.check(job_dir, settings_record.of_plan(large, config.flat()),
+                          is_chief=True)
     assert settings_record.read(job_dir)["low_res_fraction"] == 0.545
-    settings_record.check(job_dir, settings_record.of_plan(planned(40_000)), is_chief=True)
+    settings_record.check(job_dir, recorded(40_000), is_chief=True)
     with pytest.raises(UserError, match=r"--low-res-fraction 0\.545 \(now 0\)"):
-        settings_record.check(job_dir, settings_record.of_plan(small), is_chief=True)
-    settings_record.check(job_dir, settings_record.of_plan(  # the recorded share and length
-        planned(10_000, "--low-res-fraction", "0.545", "--train-steps", "3438")), is_chief=True)
+        settings_record.check(job_dir, recorded(10_000), is_chief=True)
+    settings_record.check(job_dir, recorded(  # the recorded share and length
+        10_000, "--low-res-fraction", "0.545", "--train-steps", "3438"), is_chief=True)
 
 
 def test_a_low_res_fraction_of_the_whole_run_is_refused():
@@ -372,7 +387,7 @@ def test_a_low_res_fraction_of_the_whole_run_is_refused():
 
 def test_dirac_init_makes_the_first_filters_of_every_convolution_after_the_stem_the_identity():
     with tf.Graph().as_default():
-        networks.logits(tf.zeros([2, 32, 32, 3]), ModelParams(num_layers=8, dirac_init=True),
+        networks.logits(tf.zeros([2, 32, 32, 3]), ModelSection(num_layers=8, dirac_init=True),
                         is_training=True, num_classes=10, data_format="channels_last",
                         compute_dtype=tf.float32)
         kernels = {v.op.name: v for v in tf.compat.v1.global_variables()

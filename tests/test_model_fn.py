@@ -6,14 +6,14 @@ import tensorflow as tf
 
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.plan import global_batch
-from cifar10_estimator.config.settings import ModelParams, TrainConfig
+from cifar10_estimator.config.settings import ClusterSection, ModelSection, ScheduleSection
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import model_fn, schedules
 
 # The default settings' schedule with epochs of 10 global steps.
-TEN_STEP_EPOCHS = plan.schedule_of(ModelParams(), steps_per_epoch=10, total_steps=1,
+TEN_STEP_EPOCHS = plan.schedule_of(ScheduleSection(), steps_per_epoch=10, total_steps=1,
                                    global_batch=128)
-SETTINGS = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS)
+SETTINGS = model_fn.ModelSettings(ModelSection(num_layers=8), schedule=TEN_STEP_EPOCHS)
 ModeKeys = tf.estimator.ModeKeys
 
 
@@ -65,7 +65,7 @@ def test_evaluation_and_prediction_fold_batch_norm_as_the_export_does_and_traini
 
 
 def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS,
+    settings = model_fn.ModelSettings(ModelSection(num_layers=8), schedule=TEN_STEP_EPOCHS,
                                       devices=("/cpu:0", "/cpu:1"))
     with tf.Graph().as_default():
         spec = _spec(ModeKeys.TRAIN, settings=settings)
@@ -79,53 +79,54 @@ def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
         assert graph.get_tensor_by_name(model_fn.LEARNING_RATE_TENSOR).shape == ()
 
 
-def _rates(params: ModelParams, steps, steps_per_epoch=10, total_steps=1000, global_batch=128):
+def _rates(schedule: ScheduleSection, steps, steps_per_epoch=10, total_steps=1000,
+           global_batch=128):
     with tf.Graph().as_default():
         step = tf.compat.v1.placeholder(tf.int64, [])
-        lr = schedules.learning_rate(step, plan.schedule_of(params, steps_per_epoch, total_steps,
-                                                            global_batch))
+        lr = schedules.learning_rate(step, plan.schedule_of(schedule, steps_per_epoch,
+                                                            total_steps, global_batch))
         with tf.compat.v1.Session() as sess:
             return [float(sess.run(lr, {step: s})) for s in steps]
 
 
 def test_learning_rate_is_piecewise_at_epoch_boundaries():
-    got = _rates(ModelParams(learning_rate=0.1), (0, 820, 821, 1230, 1231, 3000, 3001))
+    got = _rates(ScheduleSection(learning_rate=0.1), (0, 820, 821, 1230, 1231, 3000, 3001))
     np.testing.assert_allclose(got, [0.1, 0.1, 0.01, 0.01, 0.001, 0.001, 0.0002], rtol=1e-6)
 
 
 def test_the_peak_scales_linearly_with_the_global_batch_when_a_reference_batch_is_set():
     # Goyal et al. 2017: 0.1 at 128 is 0.4 at 512, warm-up and schedule alike.
-    scaled = ModelParams(learning_rate=0.1, lr_reference_batch=128, warmup_epochs=1)
+    scaled = ScheduleSection(learning_rate=0.1, lr_reference_batch=128, warmup_epochs=1)
     np.testing.assert_allclose(_rates(scaled, (4, 10, 821), global_batch=512),
                                [0.2, 0.4, 0.04], rtol=1e-6)
-    assert _rates(ModelParams(learning_rate=0.1), (0,), global_batch=512) == [
+    assert _rates(ScheduleSection(learning_rate=0.1), (0,), global_batch=512) == [
         pytest.approx(0.1)]
     # With --sync the global batch is every worker's; asynchronously one worker's.
-    assert global_batch(TrainConfig(train_batch_size=64, sync=True), 4) == 256
-    assert global_batch(TrainConfig(train_batch_size=64), 4) == 64
+    assert global_batch(64, ClusterSection(sync=True), 4) == 256
+    assert global_batch(64, ClusterSection(), 4) == 64
 
 
 def test_warm_up_rises_linearly_to_the_peak_then_the_schedule_runs():
     # 2 warm-up epochs of 10 steps: (step + 1) / 20 of the peak, the peak from step 19 on.
-    got = _rates(ModelParams(learning_rate=0.4, warmup_epochs=2), (0, 9, 19, 500, 821))
+    got = _rates(ScheduleSection(learning_rate=0.4, warmup_epochs=2), (0, 9, 19, 500, 821))
     np.testing.assert_allclose(got, [0.02, 0.2, 0.4, 0.4, 0.04], rtol=1e-6)
 
 
 def test_cosine_spans_the_run_from_the_peak_to_zero_after_its_warm_up():
-    params = ModelParams(learning_rate=0.2, lr_schedule="cosine", warmup_epochs=1)
+    params = ScheduleSection(learning_rate=0.2, lr_schedule="cosine", warmup_epochs=1)
     got = _rates(params, (4, 10, 505, 1000), total_steps=1000)
     # Warm-up over 10 steps, then half a cosine over the remaining 990.
     np.testing.assert_allclose(got, [0.1, 0.2, 0.1, 0.0], rtol=1e-5, atol=1e-7)
 
 
 def test_one_cycle_rises_from_a_25th_of_the_peak_and_ends_near_zero():
-    params = ModelParams(learning_rate=0.5, lr_schedule="one-cycle")
+    params = ScheduleSection(learning_rate=0.5, lr_schedule="one-cycle")
     # 30 % of 1,000 steps rising: 0.02 at step 0, 0.5 at 300, halfway down at 650.
     got = _rates(params, (0, 150, 300, 650, 1000), total_steps=1000)
     end = 0.5 / 250_000
     np.testing.assert_allclose(got, [0.02, 0.26, 0.5, (0.5 + end) / 2, end], rtol=1e-5)
     # --warmup-epochs sets the rise: 5 epochs of 10 steps.
-    assert _rates(ModelParams(learning_rate=0.5, lr_schedule="one-cycle", warmup_epochs=5),
+    assert _rates(ScheduleSection(learning_rate=0.5, lr_schedule="one-cycle", warmup_epochs=5),
                   (50,))[0] == pytest.approx(0.5)
 
 
@@ -133,7 +134,7 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     e, num = 0.1, 10
     labels = np.array([1, 3, 5, 7], np.int32)
     images = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype(np.float32)
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8, label_smoothing=e))
+    settings = model_fn.ModelSettings(ModelSection(num_layers=8, label_smoothing=e))
     with tf.Graph().as_default():
         with tf.compat.v1.variable_scope("resnet"):
             logits, smoothed, _ = model_fn._tower(images, tf.constant(labels), True, settings,
@@ -161,7 +162,7 @@ def test_label_smoothing_spreads_the_target_in_training_only():
 
 def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
     decay = 0.8
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8, moving_average_decay=decay),
+    settings = model_fn.ModelSettings(ModelSection(num_layers=8, moving_average_decay=decay),
                                       schedule=TEN_STEP_EPOCHS)
     rng = np.random.default_rng(0)
     images = rng.uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
@@ -190,7 +191,7 @@ def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
 def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
     from cifar10_estimator.training.precise_bn import PreciseBatchNorm
 
-    settings = model_fn.ModelSettings(ModelParams(num_layers=8), schedule=TEN_STEP_EPOCHS)
+    settings = model_fn.ModelSettings(ModelSection(num_layers=8), schedule=TEN_STEP_EPOCHS)
     images = np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
     with tf.Graph().as_default() as graph:
         model_fn.make_model_fn(settings)({"image": tf.constant(images)},
@@ -223,9 +224,9 @@ def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
 
 def test_triangular_rises_from_a_fifth_of_the_peak_then_falls_to_zero_at_the_end():
     # airbench's: peak x0.2 at step 0, the peak at 20 % of the run, 0 at its last step.
-    params = ModelParams(learning_rate=0.5, lr_schedule="triangular")
+    params = ScheduleSection(learning_rate=0.5, lr_schedule="triangular")
     got = _rates(params, (0, 100, 200, 600, 1000), total_steps=1000)
     np.testing.assert_allclose(got, [0.1, 0.3, 0.5, 0.25, 0.0], rtol=1e-5, atol=1e-7)
     # --warmup-epochs sets the rise: 5 epochs of 10 steps.
-    assert _rates(ModelParams(learning_rate=0.5, lr_schedule="triangular", warmup_epochs=5),
+    assert _rates(ScheduleSection(learning_rate=0.5, lr_schedule="triangular", warmup_epochs=5),
                   (50,))[0] == pytest.approx(0.5)

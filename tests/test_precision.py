@@ -16,7 +16,7 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.model_fn import ModelSettings
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.platform import cpu, precision, precision_cache, precision_probe
 from cifar10_estimator.platform.precision import Measured, ProbeFailed
 from trainer_fixtures import trainer_args
@@ -235,8 +235,7 @@ def test_calls_are_timed_alternately_after_a_warm_up_within_the_budget():
 
 @pytest.mark.slow
 def test_the_training_probe_times_the_real_step_of_the_network_in_both_precisions():
-    settings = ModelSettings(params=ModelParams(num_layers=8, train_batch_size=8),
-                             devices=("/cpu:0", "/cpu:1"))
+    settings = ModelSettings(model=ModelSection(num_layers=8), devices=("/cpu:0", "/cpu:1"))
     config = tf.compat.v1.ConfigProto()
     config.device_count["CPU"] = 2
     measured = precision_probe.measure_training(settings, 8, config, budget_secs=0.2)
@@ -247,7 +246,7 @@ def test_the_training_probe_times_the_real_step_of_the_network_in_both_precision
 
 
 def test_the_serving_probe_times_the_exports_network_with_random_weights():
-    settings = ModelSettings(params=ModelParams(num_layers=8))
+    settings = ModelSettings(model=ModelSection(num_layers=8))
     measured = precision_probe.measure_serving(settings, 4, budget_secs=0.1)
     assert all(rate > 0 for rate in measured.images_per_sec.values())
 

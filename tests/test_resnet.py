@@ -129,7 +129,7 @@ def test_batch_norm_is_folded_only_for_inference():
 def test_test_time_mirror_gives_a_picture_and_its_mirror_the_same_logits(model):
     # Averaging the logits of x and flip(x) makes the network blind to the flip; without it a
     # random network tells them apart. Training builds the plain network.
-    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.config.settings import ModelSection
     from cifar10_estimator.model import networks
 
     rng = np.random.default_rng(0)
@@ -137,7 +137,7 @@ def test_test_time_mirror_gives_a_picture_and_its_mirror_the_same_logits(model):
     both = np.concatenate([pictures, pictures[:, :, ::-1]])
     results = {}
     for mirror in (False, True):
-        params = ModelParams(model=model, num_layers=8, test_time_mirror=mirror)
+        params = ModelSection(model=model, num_layers=8, test_time_mirror=mirror)
         with tf.Graph().as_default():
             tf.compat.v1.set_random_seed(1)
             images = tf.constant(both)
@@ -158,12 +158,12 @@ def test_test_time_mirror_gives_a_picture_and_its_mirror_the_same_logits(model):
 def test_zero_init_residual_zeroes_the_scale_of_each_blocks_last_batch_norm():
     """Each v1 block's last batch-norm scale starts at 0 (its residual branch adds nothing to
     the shortcut at first), every other scale at 1."""
-    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.config.settings import ModelSection
     from cifar10_estimator.model import networks
 
     pictures = np.random.default_rng(0).uniform(0, 255, (4, 32, 32, 3)).astype(np.float32)
     for zero in (False, True):
-        params = ModelParams(num_layers=8, zero_init_residual=zero)
+        params = ModelSection(num_layers=8, zero_init_residual=zero)
         with tf.Graph().as_default():
             tf.compat.v1.set_random_seed(1)
             with tf.compat.v1.variable_scope(networks.SCOPES["resnet"]):
@@ -187,12 +187,12 @@ def test_zero_init_residual_is_refused_for_pre_activation_blocks():
 
 
 def test_no_bias_decay_leaves_batch_norm_and_the_dense_bias_out_of_the_weight_decay():
-    from cifar10_estimator.config.settings import ModelParams
+    from cifar10_estimator.config.settings import ModelSection
     from cifar10_estimator.model import networks
 
     decayed = {}
     for no_bias in (False, True):
-        params = ModelParams(num_layers=8, no_bias_decay=no_bias)
+        params = ModelSection(num_layers=8, no_bias_decay=no_bias)
         with tf.Graph().as_default():
             with tf.compat.v1.variable_scope(networks.SCOPES["resnet"]):
                 networks.logits(tf.zeros([1, 32, 32, 3]), params, is_training=True,

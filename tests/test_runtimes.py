@@ -18,7 +18,7 @@ pytest.importorskip("tf2onnx")
 
 import onnx  # noqa: E402
 
-from cifar10_estimator.config.settings import ModelParams  # noqa: E402
+from cifar10_estimator.config.settings import ModelSection  # noqa: E402
 from cifar10_estimator.data import schema  # noqa: E402
 from cifar10_estimator.errors import UserError  # noqa: E402
 from cifar10_estimator.model.model_fn import ModelSettings  # noqa: E402
@@ -160,7 +160,7 @@ def test_the_gate_refuses_a_file_that_loses_accuracy_and_keeps_the_others(
     assert [row[-1] for row in rows] == ["no", "no"], proc.stdout
 
 
-def _variant_export(folder, params: ModelParams, dtype: str) -> str:
+def _variant_export(folder, params: ModelSection, dtype: str) -> str:
     from test_export_trust import _checkpoint
 
     os.makedirs(folder)
@@ -179,7 +179,7 @@ def test_every_network_and_precision_converts_to_float32_files_that_agree(
     # bfloat16 exports are rewritten to float32 (neither runtime runs bfloat16 on a CPU): the
     # graph holds no bfloat16, and the files compute what the SavedModel computes, to bf16's
     # precision.
-    export_dir = _variant_export(tmp_path / "export", ModelParams(**fields), dtype)
+    export_dir = _variant_export(tmp_path / "export", ModelSection(**fields), dtype)
     _, signature = client.load_model(export_dir)
     graph = conversion.float32_graph(signature)
     assert not [n.name for n in graph.graph_def.node if "bfloat16" in str(n.attr)]

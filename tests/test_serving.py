@@ -20,7 +20,7 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import model_fn
-from cifar10_estimator.config.settings import ModelParams
+from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.serving import client, export, warmup
 from cifar10_estimator.errors import UserError
 from trainer_fixtures import checkpoint_of, run_module, trainer_args
@@ -162,7 +162,7 @@ def test_a_checkpoint_of_another_depth_is_refused_and_nothing_is_written(
     checkpoint = checkpoint_of(trained, tmp_path)
     out = tmp_path / "export"
     with pytest.raises(UserError, match="--num-layers and --resnet-version") as error:
-        export.export_saved_model(model_fn.ModelSettings(ModelParams(num_layers=asked)),
+        export.export_saved_model(model_fn.ModelSettings(ModelSection(num_layers=asked)),
                                   checkpoint, str(out))
     assert ("weights this model does not use" if trained > asked else "lacks it") in str(
         error.value)
@@ -256,7 +256,7 @@ def test_with_a_moving_average_the_export_serves_the_averaged_weights(tiny_recor
     accuracy = np.mean(served["classes"].numpy() == rows["eval"][1])
     assert accuracy == pytest.approx(result.eval_metrics["accuracy"], abs=1e-6)
     # The same checkpoint exported with its raw weights gives other probabilities.
-    raw = export.export_saved_model(model_fn.ModelSettings(ModelParams(num_layers=8)),
+    raw = export.export_saved_model(model_fn.ModelSettings(ModelSection(num_layers=8)),
                                     tf.train.latest_checkpoint(job_dir), str(tmp_path / "raw"))
     raw_served = tf.saved_model.load(raw).signatures["serving_examples"](examples=records)
     assert not np.allclose(raw_served["probabilities"], served["probabilities"], atol=1e-4)

@@ -1,13 +1,12 @@
 """A job dir recorded before a setting existed: the setting is read as its default, which a
 rerun may keep (it is then recorded) and may not change (refused like any recorded setting)."""
 
-import dataclasses
 import json
 import logging
 
 import pytest
 
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import Settings
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import settings_record
 
@@ -31,8 +30,7 @@ def package_log():
 
 
 def current(**changed) -> dict:
-    return settings_record.run_settings(dataclasses.replace(TrainConfig(), **changed),
-                                        "cifar10", 10)
+    return settings_record.run_settings(Settings.of(**changed).flat(), "cifar10", 10)
 
 
 def record_without(job_dir, *names: str) -> None:
@@ -50,11 +48,11 @@ def written(job_dir) -> dict:
 def test_a_setting_the_record_predates_is_its_default_and_is_recorded(tmp_path, package_log):
     record_without(tmp_path, "test_time_mirror", "lr_boundary_epochs")
     settings_record.check(str(tmp_path), current(), is_chief=True)
-    assert package_log == [
-        "settings.json was written before --lr-boundary-epochs existed: taking its default, "
-        "82,123,300",
+    assert package_log == [  # in the help's order: the model's section, then the schedule's
         "settings.json was written before --test-time-mirror existed: taking its default, "
-        "false"]
+        "false",
+        "settings.json was written before --lr-boundary-epochs existed: taking its default, "
+        "82,123,300"]
     assert written(tmp_path) == current()  # recorded now, at the default
     package_log.clear()
     settings_record.check(str(tmp_path), current(), is_chief=True)

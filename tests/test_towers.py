@@ -5,13 +5,16 @@ import tensorflow as tf
 
 from cifar10_estimator.model import model_fn, towers
 from cifar10_estimator.config import plan
-from cifar10_estimator.config.settings import ModelParams, TrainConfig
+from cifar10_estimator.config.settings import DevicesSection, ModelSection, ScheduleSection
 
 
 def test_tower_devices():
-    assert plan.tower_devices(TrainConfig(num_gpus=2)) == ("/gpu:0", "/gpu:1")
-    assert plan.tower_devices(TrainConfig()) == ("/cpu:0",)
-    assert plan.tower_devices(TrainConfig(num_cpu_towers=3)) == ("/cpu:0", "/cpu:1", "/cpu:2")
+    assert DevicesSection(num_gpus=2).tower_devices == ("/gpu:0", "/gpu:1")
+    assert DevicesSection().tower_devices == ("/cpu:0",)
+    assert DevicesSection(num_cpu_towers=3).tower_devices == ("/cpu:0", "/cpu:1", "/cpu:2")
+    # The logical CPUs the session splits the CPU into: several CPU towers, no GPUs.
+    assert DevicesSection(num_cpu_towers=3).logical_cpus == 3
+    assert DevicesSection().logical_cpus == DevicesSection(num_gpus=2).logical_cpus == 0
 
 
 def test_greedy_placement_balances_bytes_from_shape_and_dtype():
@@ -51,9 +54,11 @@ def test_averaged_gradient_of_two_cpu_towers_equals_mean_of_per_shard_gradients(
     rng = np.random.default_rng(1)
     images = rng.uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)
     labels = rng.integers(0, 10, 8).astype(np.int32)
-    params = ModelParams(num_layers=8, learning_rate=0.1, momentum=0.9)
-    settings = model_fn.ModelSettings(params, devices=("/cpu:0", "/cpu:1"), schedule=(
-        plan.schedule_of(params, steps_per_epoch=10, total_steps=1, global_batch=128)))
+    schedule = ScheduleSection(learning_rate=0.1, momentum=0.9)
+    settings = model_fn.ModelSettings(
+        ModelSection(num_layers=8), plan.optimizer_of(schedule), devices=("/cpu:0", "/cpu:1"),
+        schedule=plan.schedule_of(schedule, steps_per_epoch=10, total_steps=1,
+                                  global_batch=128))
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
     with tf.Graph().as_default() as graph:
         tf.compat.v1.set_random_seed(0)
@@ -66,7 +71,7 @@ def test_averaged_gradient_of_two_cpu_towers_equals_mean_of_per_shard_gradients(
             with tf.compat.v1.variable_scope("resnet", reuse=True):
                 _, xent, l2 = model_fn._tower(tf.constant(images[lo:hi]),
                                               tf.constant(labels[lo:hi]), True, settings,
-                                              settings.params.batch_norm_decay)
+                                              settings.model.batch_norm_decay)
             reference.append(tf.gradients(tf.reduce_mean(xent) + l2, params))
         tower1_ops = [op for op in graph.get_operations() if op.name.startswith("resnet_1/tower_1/")
                       and op.type == "Conv2D"]

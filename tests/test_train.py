@@ -15,7 +15,7 @@ from cifar10_estimator.data import schema
 from cifar10_estimator.config import overlays
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import TrainConfig
+from cifar10_estimator.config.settings import Settings
 from trainer_fixtures import checkpoint_step, run_module, trainer_args
 
 pytestmark = pytest.mark.slow  # every test here trains
@@ -53,12 +53,14 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     # The Estimator's own predictions for the first eval images...
     images_chw, _ = rows["eval"]
     images = images_chw[:6].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
-    config = TrainConfig(data_dir=data_dir, job_dir=job_dir, num_layers=8,
+    config = Settings.of(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
     from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
-    settings = ModelSettings.of(plan.resolve(config, Role(), dataset="cifar10",
+    settings = ModelSettings.of(plan.resolve(Role(), config.model, config.schedule,
+                                             config.devices, config.cluster, dataset="cifar10",
                                              class_names=schema.CLASS_NAMES, train_records=96,
-                                             precision="fp32"))
+                                             precision="fp32"),
+                                config.model, config.data.data_dir)
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
     expected = np.stack([p["probabilities"] for p in estimator.predict(
         lambda: tf.data.Dataset.from_tensor_slices({"image": images}).batch(6))])

@@ -13,11 +13,11 @@ import tensorflow as tf
 from cifar10_estimator import evaluate
 from cifar10_estimator.data import metadata, pipeline
 from cifar10_estimator.model import networks, tutorial_cnn
-from cifar10_estimator.config.settings import TUTORIAL_CNN, ModelParams
+from cifar10_estimator.config.settings import TUTORIAL_CNN, ModelSection
 from cifar10_estimator.config import flags, plan
 from trainer_fixtures import TINY_BATCHES, checkpoint_step, run_module, trainer_args
 
-CNN = ModelParams(model=TUTORIAL_CNN)
+CNN = ModelSection(model=TUTORIAL_CNN)
 
 
 def _build(num_classes: int, size: int = 32):
@@ -53,13 +53,14 @@ def test_the_network_has_the_tutorials_layers_and_parameter_count(size):
 
 def test_the_model_brings_the_tutorials_defaults_and_flags_still_win():
     config, _ = flags.parse(["--model", "tutorial-cnn"])
-    assert (config.weight_decay, config.momentum, config.moving_average_decay) == (
+    model, schedule = config.model, config.schedule
+    assert (model.weight_decay, schedule.momentum, model.moving_average_decay) == (
         0.004, 0.0, 0.9999)
-    assert config.lr_boundary_epochs == (350.0,) and config.lr_decay_factors == (1.0, 0.1)
-    assert plan.data_format(config) == "channels_last"
+    assert schedule.lr_boundary_epochs == (350.0,) and schedule.lr_decay_factors == (1.0, 0.1)
+    assert plan.data_format(model.model, config.devices) == "channels_last"
     config, _ = flags.parse(["--model", "tutorial-cnn", "--moving-average-decay", "0.99"])
-    assert config.moving_average_decay == 0.99 and config.weight_decay == 0.004
-    assert flags.parse([])[0].weight_decay == 2e-4  # the ResNet's own
+    assert config.model.moving_average_decay == 0.99 and config.model.weight_decay == 0.004
+    assert flags.parse([])[0].model.weight_decay == 2e-4  # the ResNet's own
 
 
 def test_the_network_crops_the_centre_and_standardises_each_picture():

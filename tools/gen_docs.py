@@ -138,7 +138,7 @@ def wrapped(paragraph: str, width: int = 96) -> str:
 # ----------------------------------------------------------------------------------------------
 # The flag tables.
 
-_FIELDS = {f.name: f for f in dataclasses.fields(settings.TrainConfig)}
+_FIELDS = {f.name: f for f in settings.FIELDS}
 
 
 def _shown(name: str, value, recipe: Optional[str] = None) -> str:
@@ -205,9 +205,10 @@ def render_flags() -> str:
 def render_recorded_settings() -> str:
     recorded = {title: [] for title, _ in fields.GROUPS}
     free = {title: [] for title, _ in fields.GROUPS}
-    for field in dataclasses.fields(settings.TrainConfig):
-        side = recorded if field.name in settings.RUN_FIELDS else free
-        side[field.metadata["group"]].append(fields.flag(field.name))
+    for title, section in settings.SECTIONS:  # a setting's help group is its section
+        for field in dataclasses.fields(section):
+            side = recorded if field.name in settings.RUN_FIELDS else free
+            side[title].append(fields.flag(field.name))
     spans = constant(f"{PACKAGE}.config.settings", "LENGTH_SHAPED_SCHEDULES")
     lines = [f"`{settings_record.RECORD_FILE}` records these settings (the fields of "
              f"`config/settings.py` with `record=True`), by help group:", ""]

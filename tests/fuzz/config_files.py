@@ -25,7 +25,7 @@ import os
 
 from hypothesis import strategies as st
 
-from cifar10_estimator.config.settings import RUN_FIELDS, TrainConfig
+from cifar10_estimator.config.settings import RUN_FIELDS, Settings
 from cifar10_estimator.jobdir import settings_record
 from fuzz import harness
 from fuzz.data_files import SPECIALS, special_file
@@ -61,7 +61,7 @@ def _deep_json(depth: int):
 def _current() -> dict:
     """What a run of the default settings records (``task.run_settings`` for 10 classes and a
     schedule of fixed shape, plus the spans of a cosine one)."""
-    return settings_record.run_settings(TrainConfig(), "cifar10", 10, schedule_steps=1000)
+    return settings_record.run_settings(Settings().flat(), "cifar10", 10, schedule_steps=1000)
 
 
 @functools.cache
@@ -136,11 +136,11 @@ def _settings_cases():
 
 def _sound(recorded: dict) -> None:
     """An accepted record's values have the types the readers use them as."""
-    defaults = TrainConfig()
+    defaults = Settings()
     for name in RUN_FIELDS:
         if name not in recorded:
             continue
-        value, default = recorded[name], getattr(defaults, name)
+        value, default = recorded[name], defaults.value(name)
         if isinstance(default, bool):
             ok = isinstance(value, bool)
         elif isinstance(default, (int, float)):
@@ -410,6 +410,7 @@ def _tf_config(value: str):
 def _check_tf_config(case: str, scratch: str, context) -> str:
     import tensorflow as tf
 
+    from cifar10_estimator.config import checks
     from cifar10_estimator.task import tf_config
 
     outcome, role = harness.refused(lambda: tf_config.parse(case), "TF_CONFIG")
@@ -418,13 +419,14 @@ def _check_tf_config(case: str, scratch: str, context) -> str:
     # Accepted: the strategy's checks answer in one line, and Estimator, which reads the
     # variable itself, must take what the trainer sets it to (the case, or the shape parse
     # mapped) and see the same role.
-    config = TrainConfig(job_dir=os.path.join(scratch, "job"))
-    outcome, _ = harness.refused(lambda: tf_config.check_strategy(config, role), "TF_CONFIG")
+    config = Settings.of(job_dir=os.path.join(scratch, "job"))
+    outcome, _ = harness.refused(
+        lambda: checks.check_cluster(config.cluster.distribution_strategy, role), "TF_CONFIG")
     if outcome != harness.ACCEPTED:
         return outcome
     with _tf_config(tf_config.estimator_tf_config(case, role) or "{}"):
         try:
-            rc = tf.estimator.RunConfig(model_dir=config.job_dir)
+            rc = tf.estimator.RunConfig(model_dir=config.output.job_dir)
         except ValueError as e:
             raise harness.Violation(f"TF_CONFIG {case[:80]!r} was accepted, and Estimator "
                                     f"refuses it: {' '.join(str(e).split())[:200]}") from None
