@@ -1,5 +1,5 @@
 """Who a task is in its job: ``Role``, TF_CONFIG's cluster and task as the trainer reads them
-(``distributed.tf_config.parse`` makes one), and the facts that follow from the cluster alone:
+(``task.tf_config.parse`` makes one), and the facts that follow from the cluster alone:
 whether the task trains, is the chief, evaluates at the end; how many trainers and parameter
 servers there are; its shard of the training records; the addresses of the other tasks.
 
@@ -15,7 +15,7 @@ TRAINER_JOBS = ("chief", "master", "worker")
 
 @dataclasses.dataclass(frozen=True)
 class Role:
-    """This task's place in the job, as ``TF_CONFIG`` gives it (``distributed.tf_config.parse``).
+    """This task's place in the job, as ``TF_CONFIG`` gives it (``task.tf_config.parse``).
 
     A run without a cluster is Estimator's local task, ``worker`` 0 with no cluster. The
     cluster stays as listed for every task, an evaluator's included (Estimator's ``RunConfig``

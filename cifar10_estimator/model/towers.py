@@ -1,7 +1,7 @@
 """Data-parallel plumbing: which devices run towers, where variables live, how shards and
 gradients move. It places ops on the towers' devices (named by the plan,
 ``config.plan.tower_devices``) and names the variables' device; the cluster's devices are named
-in ``distributed/peers.py``.
+in ``task/peers.py``.
 
 A training step on one worker splits its batch into one equal, contiguous shard per tower
 (tower i gets examples [i*B/N, (i+1)*B/N)), runs the same ResNet on every shard with shared

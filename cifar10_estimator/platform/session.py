@@ -14,7 +14,7 @@ def session_config(devices: DevicesSection, log_device_placement: bool = False,
     ``log_device_placement`` logs every op's device (``--log-device-placement``).
 
     ``device_filters`` limits a cluster task's sessions to the tasks it needs
-    (``distributed.peers.device_filters``).
+    (``task.peers.device_filters``).
     """
     proto = tf.compat.v1.ConfigProto(
         allow_soft_placement=True,

@@ -1,6 +1,6 @@
 """The driver: a task's plan in, ``tf.estimator.train_and_evaluate`` run, SavedModel out.
 
-The command has parsed the settings and this task's role (``distributed.tf_config``, from the
+The command has parsed the settings and this task's role (``task.tf_config``, from the
 ``TF_CONFIG`` value it read) and checked both. Each task then starts (``training.start``:
 the data checked, the plan resolved, the waits for the rest of the cluster, the chief's lock
 and the settings record). Locally it then trains, evaluates each new checkpoint (at most every
@@ -11,7 +11,7 @@ trains and exports nothing (``training.end``).
 In a cluster the role decides: a ``ps`` serves variables until the training tasks are done;
 ``chief`` and ``worker`` train against the parameter servers, asynchronously or with
 ``--sync``, or all-reduce; an ``evaluator`` evaluates new checkpoints in the shared job dir and
-exits right after the one at the last step (``distributed.evaluator``; Estimator's own
+exits right after the one at the last step (``task.evaluator``; Estimator's own
 evaluator loop would sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in
 the cluster, as Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the
 chief saves checkpoints and exports; with ``--export-best`` the task that evaluates (locally,
