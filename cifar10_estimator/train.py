@@ -8,7 +8,7 @@ TensorFlow's log level before TensorFlow loads (``platform.process``), a readabl
 SIGTERM and SIGINT handled as a preemption (``training.preemption``: save, exit 143 or 130),
 one-line errors with exit status 2 for user mistakes (``errors.run_cli``, in ``main``), and
 the environment read once: ``TF_CONFIG``, the engines' folders, and Vertex AI's
-hyperparameter-tuning variables, whose metric file gets the final evaluation's scalars
+hyperparameter-tuning variables, whose metric file gets each evaluation and the final one
 (``engines``).
 
 ``run`` is what ``main`` runs and what another program calls (from any thread: Ray Train calls
@@ -68,8 +68,10 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     role = tf_config.parse(tf_config_value)
     for_estimator = tf_config.estimator_tf_config(tf_config_value, role)
     from_engine = engines.settings(os.environ)
-    # Vertex AI's hyperparameter tuning: where the trial's final figures go (hypertune).
+    # Vertex AI's hyperparameter tuning (and a sweep's trial): where each evaluation and the
+    # final figures go (the metric file).
     tuning = (os.environ.get(engines.TRIAL_ID_ENV), os.environ.get(engines.METRIC_FILE_ENV))
+    on_evaluation = engines.evaluation_reporter(*tuning)
     settings, verbose = flags.parse(argv, {name: value for name, (value, _) in
                                            from_engine.items()})
     checks.validate(settings, needs_data=role.task_type != "ps")
@@ -83,7 +85,7 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
             if settings.value(name) == value:
                 log.info("%s %s: from %s (the engine's; a flag given wins)",
                          flag(name), value, variable)
-        return _train(settings, role, handle_signals, undo, tuning)
+        return _train(settings, role, handle_signals, undo, tuning, on_evaluation)
 
 
 def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStack) -> None:
@@ -100,7 +102,7 @@ def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStac
 
 
 def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
-           tuning: tuple[Optional[str], Optional[str]] = (None, None)):
+           tuning: tuple[Optional[str], Optional[str]] = (None, None), on_evaluation=None):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
     from cifar10_estimator.platform import precision_probe
@@ -134,7 +136,7 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
         role, machine, preemption, data=settings.data, model=settings.model,
         schedule=settings.schedule, devices=settings.devices, cluster=settings.cluster,
         output=settings.output, logging_=settings.logging,
-        on_evaluation=engines.evaluation_reporter(*tuning))
+        on_evaluation=on_evaluation)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":
