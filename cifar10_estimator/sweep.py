@@ -221,10 +221,10 @@ def _points(args, trainer: list[str]) -> tuple[list[records.Varied], list[dict[s
         return varied, records.grid(varied)
     space.check_ends(trainer, args.dimensions)
     if args.search == space.TPE:
-        # TPE draws each trial from the results so far, as the sweep runs: tuner.run takes
-        # space.searcher and space.ray_search_space there (issue 68, the run's part).
-        raise UserError("--search tpe: drawing trials as the sweep runs is not wired into the "
-                        "run yet; use --search random")
+        # TPE draws each trial from the results so far, as the sweep runs (tuner.run_drawn):
+        # no point is known before; each drawn one passes the trainer's checks in its trial,
+        # before its trainer starts.
+        return space.varied(args.dimensions, []), []
     points = space.draw(args.dimensions, args.num_trials, args.seed or 0)
     return space.varied(args.dimensions, points), points
 
@@ -264,36 +264,48 @@ def _state(sweep_dir: str, trainer: list[str], varied, points, args, mode: str, 
                 f"use a new --sweep-dir, or add --change-trainer-flags to run every trial "
                 f"again with the new ones")
     trials = records.assign(points, recorded, sweep_dir)
+    if args.search == space.TPE:  # the trials TPE drew in earlier runs are this sweep's
+        for trial in trials:
+            trial.in_grid = True
     for trial in trials:
         records.read_back(trial, trainer)
     records.restore_reports(trials, recorded)
     state = records.Sweep(sweep_dir, records.new_run_id(), trainer, varied, trials, args.metric,
                         mode, out, listener=hparams.SessionWriter(varied))
     content = state.content()
-    if recorded is None or any(recorded.get(k) != content[k] for k in ("vary", "metric")):
-        hparams.write_experiment(sweep_dir, varied, args.metric)
+    if args.search != space.TPE and (recorded is None or any(
+            recorded.get(k) != content[k] for k in ("vary", "metric"))):
+        hparams.write_experiment(sweep_dir, varied, args.metric)  # TPE's: at its end (_run)
     return state
 
 
 def _run(state: records.Sweep, args, env: dict) -> int:
     pending = state.pending()
     grid_size = sum(t.in_grid for t in state.trials.values())
+    drawn = max(0, args.num_trials - grid_size) if args.search == space.TPE else 0
     shape = (" x ".join(f"{v.flag} {','.join(v.values)}" for v in state.varied)
              if args.search == space.GRID else
-             f"drawn at random with seed {args.seed or 0} from {space.describe(args.dimensions)}")
-    state.say(f"{grid_size} trials ({shape}) in {state.sweep_dir}: "
-              f"{grid_size - len(pending)} ended already, {len(pending)} to run")
+             f"drawn {'by TPE' if args.search == space.TPE else 'at random'} with seed "
+             f"{args.seed or 0} from {space.describe(args.dimensions)}")
+    state.say(f"{grid_size + drawn} trials ({shape}) in {state.sweep_dir}: "
+              f"{grid_size - len(pending)} ended already, {len(pending) + drawn} to run")
     state.save()
-    if pending:
+    if pending or drawn:
         # Ray Tune's console output of Ray 2.x prints its configuration and the paths of its
         # own results (a folder deleted at the end) whatever the verbosity; its older output,
         # at verbosity 0, prints nothing: the sweep's lines are the ones to read.
         os.environ.setdefault(RAY_NEW_OUTPUT_ENV, "0")
         try:
-            _tune(state, pending, args, env)
+            _tune(state, pending, args, env, drawn)
         except KeyboardInterrupt:
             state.interrupted()
             raise
+    if args.search == space.TPE:  # the experiment's values: the ones TPE drew
+        from cifar10_estimator.sweeps import hparams
+
+        state.varied = space.varied(args.dimensions, [t.settings for t in state.trials.values()
+                                                      if t.in_grid])
+        hparams.write_experiment(state.sweep_dir, state.varied, state.metric)
     state.save()
     for line in state.summary():
         state.say(line)
@@ -343,7 +355,8 @@ class _SaidBySweep(logging.Filter):
         return not str(record.msg).startswith(self.SAID)
 
 
-def _tune(state: records.Sweep, pending, args, env: dict) -> None:
+def _tune(state: records.Sweep, pending, args, env: dict, drawn: int = 0) -> None:
+    """Runs the trials ``pending`` on the Ray cluster, then ``drawn`` more that TPE draws."""
     from cifar10_estimator.launch import ray_actors
     from cifar10_estimator.sweeps import tuner
     import ray
@@ -362,9 +375,22 @@ def _tune(state: records.Sweep, pending, args, env: dict) -> None:
     try:
         early_stop = tuner.scheduler(args.scheduler, state.metric, state.mode, args.grace_epochs,
                                      args.reduction_factor, args.max_epochs)
-        tuner.run(state, pending, cpus=args.cpus_per_trial, gpus=args.gpus_per_trial,
-                  max_concurrent=args.max_concurrent, env=env, storage_path=results,
-                  early_stop=early_stop)
+        common = {"cpus": args.cpus_per_trial, "gpus": args.gpus_per_trial,
+                  "max_concurrent": args.max_concurrent, "env": env, "storage_path": results}
+        if pending:
+            tuner.run(state, pending, early_stop=early_stop, **common)
+        if drawn:
+            known = [(space.config_of(args.dimensions, t.settings),
+                      records.value_of(t, state.metric)) for t in state.trials.values()
+                     if t.in_grid and t.status in records.ENDED
+                     and records.value_of(t, state.metric) is not None]
+            searcher = space.searcher(args.search, state.metric, state.mode, args.seed or 0,
+                                      known)
+            early_stop = tuner.scheduler(args.scheduler, state.metric, state.mode,
+                                         args.grace_epochs, args.reduction_factor,
+                                         args.max_epochs)  # a scheduler serves one run
+            tuner.run_drawn(state, args.dimensions, searcher, drawn, early_stop=early_stop,
+                            **common)
     finally:
         shutil.rmtree(results, ignore_errors=True)
 

@@ -550,3 +550,45 @@ def test_asha_stops_the_losers_saved_and_a_sweep_outlives_its_driver_killed(
     last = subprocess.run(command_line, capture_output=True, text=True, timeout=120,
                           cwd=work_dir(), env=env)
     assert last.returncode == 0 and "3 ended already, 0 to run" in last.stdout, last.stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(ray_cluster is None, reason="the ray extra installs Ray")
+def test_tpe_draws_its_trials_as_the_sweep_runs_and_a_rerun_draws_new_ones(
+        ray_cluster, shared_store, tiny_records):
+    local_data, _ = tiny_records
+    shared_store.upload(local_data, "data")
+    sweep_dir = f"{shared_store.root}/tpe"
+    env = trainer_env(extra=shared_store.env)
+
+    def tpe(num_trials: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "cifar10_estimator.sweep", "--ray", ray_cluster,
+             "--sweep-dir", sweep_dir, "--search", "tpe", "--num-trials", str(num_trials),
+             "--vary", "learning-rate=loguniform:0.001:0.5", "--vary", "num-layers=int:8:14",
+             "--cpus-per-trial", "2", "--max-concurrent", "1", "--", "--data-dir",
+             f"{shared_store.root}/data", *TINY_BATCHES, "--train-steps", "4",
+             "--precise-bn-batches", "0", "--eval-throttle-secs", "100000"],
+            capture_output=True, text=True, timeout=300, cwd=work_dir(), env=env)
+
+    first = tpe(2)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-6000:]
+    assert "2 trials (drawn by TPE with seed 0 from learning-rate loguniform:0.001:0.5 x " \
+           "num-layers int:8:14)" in first.stdout and "0 ended already, 2 to run" in first.stdout
+    record = json.loads(shared_store.read("tpe/sweep.json"))
+    drawn = [t["settings"] for t in record["trials"]]
+    assert [t["status"] for t in record["trials"]] == ["finished"] * 2
+    for settings in drawn:  # each drawn point in its range, a depth 6n+2
+        assert 0.001 <= float(settings["learning-rate"]) <= 0.5
+        assert settings["num-layers"] in ("8", "14")
+    # The same sweep grown by one: the two kept, one new point drawn, not one of theirs.
+    grown = tpe(3)
+    assert grown.returncode == 0, (grown.stdout + grown.stderr)[-6000:]
+    assert "2 ended already, 1 to run" in grown.stdout
+    record = json.loads(shared_store.read("tpe/sweep.json"))
+    assert [t["settings"] for t in record["trials"]][:2] == drawn
+    assert len(record["trials"]) == 3 and record["trials"][2]["settings"] not in drawn
+    assert record["trials"][2]["name"].startswith("trial-003-") and \
+        record["trials"][2]["status"] == "finished"

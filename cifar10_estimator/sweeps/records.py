@@ -174,9 +174,15 @@ def grid(varied: Sequence[Varied]) -> list[dict[str, str]]:
 
 def typed_settings(varied: Sequence[Varied], settings: dict[str, str]) -> dict[str, Any]:
     """A trial's settings as parsed values (TensorBoard's HParams want numbers as numbers)."""
-    typed = {}
+    typed, actions = {}, None
     for v in varied:
-        value = v.typed[v.values.index(settings[v.flag])]
+        text = settings[v.flag]
+        if text in v.values:
+            value = v.typed[v.values.index(text)]
+        else:  # drawn as the sweep runs (--search tpe): parsed by the trainer's flag
+            actions = actions or _actions(flags.build_parser())
+            action = actions[v.flag]
+            value = action.type(text) if action.type else text
         typed[v.flag] = canonical(value) if isinstance(value, tuple) else value
     return typed
 
@@ -456,6 +462,18 @@ class Sweep:
     def pending(self) -> list[Trial]:
         return [t for t in self.trials.values() if t.in_grid and t.status not in ENDED]
 
+    def add(self, settings: dict[str, str]) -> Trial:
+        """The trial of ``settings``: the one the sweep has, or a new one numbered after the
+        last (a trial a searcher draws as the sweep runs, ``--search tpe``)."""
+        for trial in self.trials.values():
+            if trial.settings == settings:
+                return trial
+        number = max((t.number for t in self.trials.values()), default=0) + 1
+        name = trial_name(number, settings)
+        trial = Trial(name, dict(settings), storage.join(self.sweep_dir, name))
+        self.trials[name] = trial
+        return trial
+
     def say(self, line: str) -> None:
         print(f"sweep: {line}", file=self.out, flush=True)
 
@@ -490,10 +508,10 @@ class Sweep:
         if trial.reports and step <= trial.reports[-1].get("global_step", 0):
             return
         trial.reports.append(dict(report))
+        self.save()  # before the line: a reader of the line finds the record holding it
         value = report.get(self.metric)
         self.say(f"{name} epoch {report.get('epoch', 0):.3g}: "
                  + (f"{self.metric} {value:.4g}" if value is not None else f"step {step:g}"))
-        self.save()
 
     def stopped(self, name: str, log: Optional[str] = None) -> None:
         """A trial the scheduler stopped early: its last report's figures; its trainer saves

@@ -309,6 +309,23 @@ def point(dimensions: Sequence[Dimension], config: Mapping[str, Any]) -> dict[st
     return settings_
 
 
+def config_of(dimensions: Sequence[Dimension], settings: Mapping[str, str]
+              ) -> dict[str, Any]:
+    """``point``'s inverse: a trial's settings as a config of ``ray_search_space`` (for a
+    searcher told of the trials that ended before it ran)."""
+    config: dict[str, Any] = {}
+    for d in dimensions:
+        text = settings[d.flag]
+        if d.kind == CHOICE:
+            config[d.flag] = text
+        elif d.kind == INT:
+            config[d.flag] = next(k for k in range(d.first, d.first + d.count)
+                                  if d.whole(k) == int(text))
+        else:
+            config[d.flag] = float(text)
+    return config
+
+
 def check_installed(search: str) -> None:
     """A one-line UserError when ``search`` needs a package this install lacks."""
     if search != TPE:
@@ -320,7 +337,8 @@ def check_installed(search: str) -> None:
                         f"{TUNE_EXTRA}") from None
 
 
-def searcher(kind: str, metric: str, mode: str, seed: int):
+def searcher(kind: str, metric: str, mode: str, seed: int,
+             known: Sequence[tuple[dict[str, Any], float]] = ()):
     """Ray Tune's searcher for ``--search kind``: ``OptunaSearch`` with Optuna's
     ``TPESampler(seed=seed)`` (the search space is the Tuner's ``param_space``, from
     ``ray_search_space``). Optuna's TPE draws its first 10 trials at random
@@ -331,7 +349,16 @@ def searcher(kind: str, metric: str, mode: str, seed: int):
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
+    # Optuna's own log says "A new study created in memory" at INFO: the sweep's lines say
+    # what runs.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     # The sampler carries the seed: OptunaSearch ignores its own seed beside a sampler
     # (ray/tune/search/optuna/optuna_search.py, Ray 2.60).
+    # ``known``: (config, value) of the trials that ended in earlier runs of the sweep, which
+    # the study starts from as trials already evaluated (it draws none of them again).
+    # TPE's first draws are random from its seed whatever the study holds: a rerun's seed moves
+    # on by the trials known, so that it does not draw the earlier runs' points again.
     return OptunaSearch(metric=metric, mode=mode,
-                        sampler=optuna.samplers.TPESampler(seed=seed))
+                        sampler=optuna.samplers.TPESampler(seed=seed + len(known)),
+                        points_to_evaluate=[c for c, _ in known] or None,
+                        evaluated_rewards=[v for _, v in known] or None)

@@ -146,6 +146,28 @@ def run(config: Mapping, env: Mapping[str, str],
                  **({LOG_RESULT: log} if log is not None else {})})
 
 
+def run_drawn(config: Mapping, env: Mapping[str, str], dimensions: Sequence,
+              trainer_flags: Sequence[str], sweep_dir: str, record: str, run_id: str) -> None:
+    """Ray Tune's trainable for a trial its searcher drew (``--search tpe``): ``config`` is the
+    point of ``space.ray_search_space(dimensions)``; the trial's name is the one the driver gave
+    it as Ray Tune made it (``tuner.run_drawn``). Its settings go through the trainer's checks
+    before its trainer starts, as every trial's do; then it runs as ``run`` does."""
+    from ray import tune
+
+    from cifar10_estimator.errors import UserError
+    from cifar10_estimator.sweeps import space
+
+    settings = space.point(dimensions, config)
+    name = tune.get_context().get_trial_name()
+    try:
+        records.check_trials(trainer_flags, [settings])
+    except UserError as e:
+        raise TrialFailed(str(e)) from None
+    job_dir = storage.join(sweep_dir, name)
+    run({"trial": {"name": name, "job_dir": job_dir, "record": record, "run_id": run_id,
+                   "argv": records.trainer_argv(trainer_flags, settings, job_dir)}}, env)
+
+
 def stop() -> None:
     """Ray Tune stops this trial (its scheduler stopped it early, or the sweep ends): its
     trainer, if it runs, gets SIGTERM, saves its step as a preempted trainer does and exits

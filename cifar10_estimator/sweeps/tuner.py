@@ -39,7 +39,10 @@ def specs(state: records.Sweep, trials: Sequence[records.Trial]) -> list[dict]:
 
 
 def _name(trial) -> str:
-    return trial.config["trial"]["name"]
+    """A trial's name: in its config (the sweep's own trials), else the one the driver gave it
+    as Ray Tune made it (a searcher's, ``run_drawn``)."""
+    spec = trial.config.get("trial")
+    return spec["name"] if isinstance(spec, dict) else trial.custom_trial_name
 
 
 def scheduler(kind: Optional[str], metric: str, mode: str, grace_epochs: float,
@@ -100,6 +103,47 @@ def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, g
                                     trial_name_creator=_name, trial_dirname_creator=_name),
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage_path, verbose=0,
                                   callbacks=[_recorder(state, set(ended))],
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    tuner.fit()
+
+
+def run_drawn(state: records.Sweep, dimensions, search_alg, num_trials: int, *, cpus: float,
+              gpus: float, max_concurrent: Optional[int], env: Mapping[str, str],
+              storage_path: str, early_stop=None) -> None:
+    """Runs ``num_trials`` trials that ``search_alg`` (``space.searcher``) draws from
+    ``dimensions`` one after another, from the results so far; each joins ``state`` as Ray
+    Tune makes it (its name, number and job dir are the sweep's) and is recorded as the
+    others are."""
+    from ray import tune
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    from cifar10_estimator.sweeps import space
+
+    function = tune.with_resources(
+        tune.with_parameters(trainable.run_drawn, env=dict(env), dimensions=list(dimensions),
+                             trainer_flags=list(state.trainer_flags),
+                             sweep_dir=state.sweep_dir, record=state.record_path,
+                             run_id=state.run_id),
+        {"cpu": cpus, "gpu": gpus})
+
+    class Trial(wrap_function(function)):
+        """As ``run``'s: its trainer saves and exits when Ray Tune stops it."""
+
+        def cleanup(self):
+            trainable.stop()
+            super().cleanup()
+
+    def name(trial) -> str:  # on the driver, once Ray Tune has the searcher's point
+        return state.add(space.point(dimensions, trial.config)).name
+
+    tuner = tune.Tuner(
+        Trial, param_space=space.ray_search_space(dimensions),
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_trials,
+                                    max_concurrent_trials=max_concurrent,
+                                    scheduler=early_stop, reuse_actors=False,
+                                    trial_name_creator=name, trial_dirname_creator=name),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=storage_path, verbose=0,
+                                  callbacks=[_recorder(state, set())],
                                   failure_config=tune.FailureConfig(max_failures=0)))
     tuner.fit()
 
