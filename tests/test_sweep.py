@@ -217,10 +217,10 @@ def test_hparams_summaries_the_experiment_and_a_session_replaced_when_it_runs_ag
     experiment = summaries(tmp_path)[metadata.EXPERIMENT_TAG].experiment
     assert [(h.name, [getattr(v, v.WhichOneof("kind")) for v in h.domain_discrete.values])
             for h in experiment.hparam_infos] == [
-        ("learning-rate", [0.05, 0.1]), ("sync", [False, True]),  # sorted by TensorBoard
-        ("status", sorted(hparams.STATUSES))]
+        ("learning-rate", [0.05, 0.1]), ("sync", [False, True])]  # sorted by TensorBoard
     assert [(m.name.group, m.name.tag) for m in experiment.metric_infos] == [
-        ("eval", "accuracy"), ("eval", "cross_entropy"), ("eval", "loss"), ("", "epochs")]
+        ("eval", "accuracy"), ("eval", "cross_entropy"), ("eval", "loss"), ("", "epochs"),
+        ("", "stopped_early")]
     hparams.start_session(str(job), "trial-001", {"learning-rate": 0.05, "sync": True}, 1)
     hparams.end_session(str(job), False, 2)
     first = summaries(job)
@@ -385,9 +385,13 @@ def _hparams_dashboard(sweep_dir: str, tmp_path, sessions: int, env: dict
             try:
                 groups = _post_json(f"{plugin}/session_groups", query)
                 # Every trial ended (its session's end read too: TensorBoard loads event files
-                # in passes, a bucket's slowly, and shows an unread end as STATUS_UNKNOWN).
+                # in passes, a bucket's slowly, and shows an unread end as STATUS_UNKNOWN), and
+                # every finished one's evaluation read (its eval run, loaded apart).
                 if len(groups.get("sessionGroups", ())) >= sessions and all(
                         g["sessions"][0].get("status") not in (None, "STATUS_UNKNOWN")
+                        and (g["sessions"][0]["status"] != "STATUS_SUCCESS" or any(
+                            m["name"]["tag"] == "accuracy"
+                            for m in g["sessions"][0].get("metricValues", ())))
                         for g in groups["sessionGroups"]):
                     return _post_json(f"{plugin}/experiment", {"experimentName": ""}), groups
             except OSError:
@@ -439,8 +443,7 @@ def test_a_sweep_on_ray_its_dashboard_a_rerun_that_starts_nothing_and_failed_tri
         assert "reported accuracy, cross_entropy, loss and 10 per-class accuracies" in log
     # TensorBoard's HParams dashboard compares the four.
     experiment, groups = _hparams_dashboard(sweep_dir, tmp_path, 4, env)
-    assert {h["name"] for h in experiment["hparamInfos"]} == {"learning-rate", "num-layers",
-                                                              "status"}
+    assert {h["name"] for h in experiment["hparamInfos"]} == {"learning-rate", "num-layers"}
     assert {"accuracy", "loss"} <= {m["name"]["tag"] for m in experiment["metricInfos"]}
     assert len(groups["sessionGroups"]) == 4
     for group in groups["sessionGroups"]:

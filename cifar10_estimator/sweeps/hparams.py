@@ -8,10 +8,11 @@ TensorBoard's HParams plugin (``tensorboard.plugins.hparams``) reads three kinds
   Estimator already writes into each trial's ``JOB/eval`` (the run ``<trial>/eval``: group
   ``eval``, tags ``accuracy``, ``cross_entropy``, ``loss``, and ``--metric`` where it is
   another);
-- a session per trial, in its job dir (the run ``<trial>``): its settings and its start,
-  written again when it ends with its ``status`` (an hparam of its own: finished, stopped
-  early by the scheduler, failed) and the ``epochs`` it trained (a metric of the run itself);
-- the session's end, in the same run: success (finished or stopped early) or failure.
+- a session per trial, in its job dir (the run ``<trial>``): its settings and its start;
+- the session's end, in the same run: success (finished or stopped early) or failure, with
+  two metrics of the run itself, the ``epochs`` it trained and ``stopped_early`` (1 for a
+  trial the scheduler stopped, else 0): scalars that TensorBoard loads as they come, where a
+  session's hparams, written again, would keep their first value in a running TensorBoard.
 
 Each is written through TensorFlow's summary writer (so a bucket works as a local folder
 does), into event files of its own whose names end in ``SUFFIX``. TensorBoard keeps the first
@@ -32,9 +33,8 @@ SUFFIX = ".hparams"
 # The final evaluation's scalars the dashboard shows as the trials' metrics, in JOB/eval.
 EVAL_GROUP = "eval"
 METRICS = ("accuracy", "cross_entropy", "loss")
-# The session's own hparam and metric: how the trial ended, and the epochs it trained.
-STATUS, EPOCHS = "status", "epochs"
-STATUSES = (records.FINISHED, records.STOPPED, records.FAILED, records.RUNNING)
+# The session's own metrics: the epochs it trained, and whether the scheduler stopped it.
+EPOCHS, STOPPED_EARLY = "epochs", "stopped_early"
 
 
 def _tf():
@@ -71,11 +71,11 @@ def write_experiment(sweep_dir: str, varied: Sequence[records.Varied], metric: s
     for v in varied:
         values = [records.typed_settings([v], {v.flag: value})[v.flag] for value in v.values]
         hparams.append(hp.HParam(v.flag, hp.Discrete(values)))
-    hparams.append(hp.HParam(STATUS, hp.Discrete(list(STATUSES))))
     names = list(METRICS) + ([metric] if metric not in METRICS else [])
     metrics = [hp.Metric(name, group=EVAL_GROUP, display_name=f"{name} (last evaluation)")
                for name in names]
     metrics.append(hp.Metric(EPOCHS, display_name="epochs trained"))
+    metrics.append(hp.Metric(STOPPED_EARLY, display_name="stopped early (1) or not (0)"))
     _replace(sweep_dir, lambda: hp.hparams_config(hparams=hparams, metrics=metrics))
 
 
@@ -88,8 +88,10 @@ def start_session(job_dir: str, name: str, settings: Mapping[str, Any], when: fl
     _replace(job_dir, lambda: hp.hparams(dict(settings), trial_id=name, start_time_secs=when))
 
 
-def end_session(job_dir: str, ok: bool, when: float, epochs: Optional[float] = None) -> None:
-    """The end of a trial's session: success or failure, and the epochs it trained."""
+def end_session(job_dir: str, ok: bool, when: float, epochs: Optional[float] = None,
+                stopped: bool = False) -> None:
+    """The end of a trial's session: success or failure, the epochs it trained and whether the
+    scheduler stopped it early."""
     tf = _tf()
     from tensorboard.plugins.hparams import api_pb2, summary
 
@@ -100,6 +102,7 @@ def end_session(job_dir: str, ok: bool, when: float, epochs: Optional[float] = N
         tf.summary.experimental.write_raw_pb(end, step=0)
         if epochs is not None:
             tf.summary.scalar(EPOCHS, epochs, step=0)
+        tf.summary.scalar(STOPPED_EARLY, float(stopped), step=0)
 
     _append(tf, job_dir, write)
 
@@ -109,17 +112,10 @@ class SessionWriter(records.TrialListener):
 
     def __init__(self, varied: Sequence[records.Varied]):
         self.varied = list(varied)
-        self._when: dict[str, float] = {}  # each running trial's start
 
     def started(self, trial: records.Trial, when: float) -> None:
-        self._start(trial, when)
+        start_session(trial.job_dir, trial.name,
+                      records.typed_settings(self.varied, trial.settings), when)
 
     def ended(self, trial: records.Trial, ok: bool, when: float) -> None:
-        self._start(trial, self._when.pop(trial.name, when))  # again, with its status
-        end_session(trial.job_dir, ok, when, trial.epochs)
-
-    def _start(self, trial: records.Trial, when: float) -> None:
-        self._when.setdefault(trial.name, when)
-        start_session(trial.job_dir, trial.name,
-                      {**records.typed_settings(self.varied, trial.settings),
-                       STATUS: trial.status}, when)
+        end_session(trial.job_dir, ok, when, trial.epochs, trial.status == records.STOPPED)
