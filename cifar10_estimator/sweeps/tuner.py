@@ -76,7 +76,6 @@ def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, g
     trials that had not ended before they resume: the scheduler weighs the new reports
     against the same ones as before."""
     from ray import tune
-    from ray.tune.trainable.function_trainable import wrap_function
 
     ended = {t.name: t for t in state.trials.values() if t.in_grid and t.status in
              records.ENDED and t.reports} if early_stop is not None else {}
@@ -87,14 +86,7 @@ def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, g
                              ended=sorted(ended)),
         {"cpu": cpus, "gpu": gpus})
 
-    class Trial(wrap_function(function)):
-        """The trainable (Ray Tune's class of a function trainable), whose trainer saves and
-        exits when Ray Tune stops it (``trainable.stop``) before its actor goes."""
-
-        def cleanup(self):
-            trainable.stop()
-            super().cleanup()
-
+    Trial = _stopping(function)
     everything = [*ended.values(), *trials]
     tuner = tune.Tuner(
         Trial, param_space={"trial": tune.grid_search(specs(state, everything))},
@@ -115,7 +107,6 @@ def run_drawn(state: records.Sweep, dimensions, search_alg, num_trials: int, *, 
     Tune makes it (its name, number and job dir are the sweep's) and is recorded as the
     others are."""
     from ray import tune
-    from ray.tune.trainable.function_trainable import wrap_function
 
     from cifar10_estimator.sweeps import space
 
@@ -126,13 +117,7 @@ def run_drawn(state: records.Sweep, dimensions, search_alg, num_trials: int, *, 
                              run_id=state.run_id),
         {"cpu": cpus, "gpu": gpus})
 
-    class Trial(wrap_function(function)):
-        """As ``run``'s: its trainer saves and exits when Ray Tune stops it."""
-
-        def cleanup(self):
-            trainable.stop()
-            super().cleanup()
-
+    Trial = _stopping(function)
     def name(trial) -> str:  # on the driver, once Ray Tune has the searcher's point
         return state.add(space.point(dimensions, trial.config)).name
 
@@ -146,6 +131,19 @@ def run_drawn(state: records.Sweep, dimensions, search_alg, num_trials: int, *, 
                                   callbacks=[_recorder(state, set())],
                                   failure_config=tune.FailureConfig(max_failures=0)))
     tuner.fit()
+
+
+def _stopping(function):
+    """Ray Tune's class of the function trainable ``function``, whose trainer saves and exits
+    when Ray Tune stops the trial (``trainable.stop``) before its actor goes."""
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    class Trial(wrap_function(function)):
+        def cleanup(self):
+            trainable.stop()
+            super().cleanup()
+
+    return Trial
 
 
 def _replay(trial: records.Trial) -> list[dict]:
