@@ -18,7 +18,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # tasks and run sweeps of them, then the commands (docs/architecture.md).
 FOUNDATIONS = ("errors", "cli", "storage", "logs", "estimator_compat", "engines")
 SUBPACKAGES = ("config", "data", "model", "serving", "platform", "jobdir", "task",
-               "evaluation", "training", "launch", "sweeps")
+               "estimator", "evaluation", "training", "launch", "sweeps")
 LAYERS = {**{name: 0 for name in FOUNDATIONS},
           **{name: i for i, name in enumerate(SUBPACKAGES, start=1)}}
 COMMAND_LAYER = len(SUBPACKAGES) + 1  # train, generate, predict, demo, cluster, __main__, ...
@@ -181,6 +181,45 @@ def test_the_training_loop_reaches_at_most_eight_modules_outside_training():
     room = f"{PACKAGE}.training."
     named = {m for m in _named_modules(f"{room}driver") if not m.startswith(room)}
     assert len(named) <= 8, sorted(named)
+
+
+# What TensorFlow's Estimator calls back: session hooks, checkpoint listeners, exporters, and
+# the model_fn's EstimatorSpec. They live in one room, estimator/ (docs/architecture.md), so that a
+# release that changes Estimator's contracts has one room to open beside estimator_compat.
+CALLBACK_BASES = ("SessionRunHook", "CheckpointSaverHook", "CheckpointSaverListener", "Exporter")
+
+
+def _estimator_callbacks(path: str) -> list[str]:
+    """Classes in ``path`` that subclass one of Estimator's callback bases, and calls that build
+    an ``EstimatorSpec``."""
+    found = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if name in CALLBACK_BASES:
+                    found.append(f"class {node.name}({name}) line {node.lineno}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "EstimatorSpec":
+                found.append(f"EstimatorSpec(...) line {node.lineno}")
+    return found
+
+
+def test_what_estimator_calls_back_lives_in_the_estimator_room():
+    room = f"{PACKAGE}.estimator"
+    outside = {m: found for m, path in MODULES.items()
+               if not (m == room or m.startswith(room + "."))
+               for found in [_estimator_callbacks(path)] if found}
+    assert not outside, outside
+    # And the room is what it says: the model_fn, the input_fns, the hooks, the exporter.
+    inside = {m for m, path in MODULES.items() if m.startswith(room + ".")
+              and _estimator_callbacks(path)}
+    assert {f"{room}.model_fn", f"{room}.exporter", f"{room}.progress", f"{room}.fence",
+            f"{room}.precise_bn", f"{room}.preemption_hooks", f"{room}.cluster_hooks",
+            f"{room}.sync_replicas"} <= inside
+    assert f"{room}.input_fn" in MODULES
 
 
 LIBRARY = sorted(m for m in MODULES if _layer(m) < COMMAND_LAYER)

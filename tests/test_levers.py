@@ -14,7 +14,8 @@ from cifar10_estimator.config import flags, overlays, plan
 from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 from cifar10_estimator.data import pipeline, schema
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.model import lookahead, model_fn, networks, schedules, whitening
+from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import lookahead, networks, schedules, whitening
 from trainer_fixtures import run_module, trainer_args, write_records
 
 pytestmark = pytest.mark.timeout(240)

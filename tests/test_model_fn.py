@@ -8,7 +8,8 @@ from cifar10_estimator.config import plan
 from cifar10_estimator.config.plan import global_batch
 from cifar10_estimator.config.settings import ClusterSection, ModelSection, ScheduleSection
 from cifar10_estimator.data import schema
-from cifar10_estimator.model import model_fn, schedules
+from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import schedules
 
 # The default settings' schedule with epochs of 10 global steps.
 TEN_STEP_EPOCHS = plan.schedule_of(ScheduleSection(), steps_per_epoch=10, total_steps=1,
@@ -189,7 +190,7 @@ def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
 
 
 def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
-    from cifar10_estimator.training.precise_bn import PreciseBatchNorm
+    from cifar10_estimator.estimator.precise_bn import PreciseBatchNorm
 
     settings = model_fn.ModelSettings(ModelSection(num_layers=8), schedule=TEN_STEP_EPOCHS)
     images = np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)

@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import train
-from cifar10_estimator.model import confusion_image, model_fn
-from cifar10_estimator.training import progress
+from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import confusion_image
+from cifar10_estimator.estimator import progress
 from cifar10_estimator.evaluation import report
 from cluster_fixtures import tensorboard_server
 from trainer_fixtures import trainer_args

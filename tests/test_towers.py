@@ -3,7 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from cifar10_estimator.model import model_fn, towers
+from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import towers
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.settings import DevicesSection, ModelSection, ScheduleSection
 

@@ -29,7 +29,7 @@ from cifar10_estimator.config.plan import DTYPES
 from cifar10_estimator.config.settings import DevicesSection, ModelSection, ScheduleSection
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import networks
-from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
+from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.serving.signatures import RandomWeights, ServingModule
 from cifar10_estimator.platform import precision, precision_cache
 from cifar10_estimator.platform.cpu import CpuInfo
@@ -78,11 +78,14 @@ def _random_batch(batch_size: int, num_classes: int):
     return images.astype(np.float32), rng.integers(0, num_classes, batch_size).astype(np.int32)
 
 
-def measure_training(settings, batch_size: int, session_config: tf.compat.v1.ConfigProto,
+def measure_training(make_model_fn: Callable[[ModelSettings], Callable], settings: ModelSettings,
+                     batch_size: int, session_config: tf.compat.v1.ConfigProto,
                      budget_secs: float = 1.5, max_rounds: int = 8) -> Measured:
-    """Times the training step of ``settings`` (a ``model_fn.ModelSettings``) in fp32 and bf16.
+    """Times the training step of ``settings`` in fp32 and bf16.
 
-    The step is the model_fn's train op on one fixed random batch of ``batch_size`` (a worker's
+    The step is the train op of the model_fn ``make_model_fn(settings)`` returns (the
+    trainer's, ``estimator.model_fn.make_model_fn``: this room sits below the Estimator-facing
+    one, which hands it in) on one fixed random batch of ``batch_size`` (a worker's
     batch, split over the settings' towers), in a graph and session of its own with
     ``session_config`` (the trainer's: threads, logical CPU devices, XLA). Workers' gradient
     aggregation (``sync``) is left out: its cost is the same in both precisions.
@@ -167,10 +170,12 @@ def check_requested(requested: str, num_gpus: int, machine: Machine) -> None:
 
 def choose_training(model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
                     session: tf.compat.v1.ConfigProto, data_dir: str,
-                    class_names: Sequence[str], machine: Machine, recorded: Optional[str]) -> str:
+                    class_names: Sequence[str], machine: Machine, recorded: Optional[str],
+                    make_model_fn: Callable[[ModelSettings], Callable]) -> str:
     """What the job computes in: ``--precision`` (``devices.precision``) itself, or for
     ``auto`` the job's ``recorded`` choice, else what fits this machine (measured on one
-    worker's training step of ``model`` at ``schedule``'s batch, on the devices and in the
+    worker's training step of ``model`` at ``schedule``'s batch, the train op of
+    ``make_model_fn``'s model_fn, on the devices and in the
     layout the plan will have, in sessions configured by ``session``, where the CPU has native
     bf16); logs the CPU and the choice with its reason. It runs before the task's plan is made:
     the plan holds the precision this returns."""
@@ -189,7 +194,8 @@ def choose_training(model: ModelSection, schedule: ScheduleSection, devices: Dev
         devices.precision, machine.cpu, onednn=machine.onednn,
         gpu_capabilities=precision.gpu_capabilities(devices.num_gpus),
         measure=lambda: precision_cache.measured(
-            machine.cache, describe_cpu, work, lambda: measure_training(step, batch, session)),
+            machine.cache, describe_cpu, work, lambda: measure_training(make_model_fn, step, batch,
+                                                         session)),
         cached=precision_cache.cached(machine.cache, describe_cpu, work),
         recorded=recorded if devices.precision == "auto" else None)
     log.info("CPU: %s; oneDNN %s", describe_cpu, "on" if machine.onednn else "off")

@@ -13,13 +13,16 @@ new session, and the collective executor stays aborted until the process restart
 your program to reset"). So this module turns any loss into a restart of the whole job from its
 latest checkpoint, which Kubernetes' ExitCode restart policy and the local launcher perform:
 
-- ``RestartOnLostPeer``: a second session in a task (the first broke) ends the task at once
-  with ``RESTART_STATUS``, and so does a collective error out of training (``is_lost_peer``).
+- a second session in a task (the first broke) ends the task at once with ``RESTART_STATUS``
+  (``exit_for_restart``, called by ``estimator.cluster_hooks.RestartOnLostPeer``), and so does
+  a collective error out of training (``is_lost_peer``).
 - ``JoinWithin``: a task whose first step has not run within ``--cluster-timeout-secs`` (a
-  worker that never came) ends with one line and status 1.
+  worker that never came) ends with one line and status 1 (its first step is marked by
+  ``estimator.cluster_hooks.FirstStepHook``).
 - ``AgreedStop``: a signal to any task (SIGTERM, SIGINT) stops every task at the same step,
   so the chief saves that step and nothing is lost: the signalled task writes the step to stop
-  at into the job dir (``STOP_FILE``), every task reads it before each step.
+  at into the job dir (``STOP_FILE``), every task reads it before each step
+  (``estimator.cluster_hooks.AgreedStopHook``).
 """
 
 import json
@@ -78,21 +81,6 @@ def exit_for_restart(task: str, why: str, job_dir: str,
     exit_now(RESTART_STATUS)
 
 
-class RestartOnLostPeer(tf.estimator.SessionRunHook):
-    """Ends the task for a restart when Estimator creates a second training session: the
-    first one broke on a lost task, and collective operations do not recover in-process."""
-
-    def __init__(self, task: str, job_dir: str, exit_now: Callable[[int], None] = os._exit):
-        self._task, self._job_dir, self._exit_now = task, job_dir, exit_now
-        self._sessions = 0
-
-    def after_create_session(self, session, coord):
-        self._sessions += 1
-        if self._sessions > 1:
-            exit_for_restart(self._task, "its training session broke (a task of the job was "
-                             "lost or restarted)", self._job_dir, self._exit_now)
-
-
 class JoinWithin:
     """A deadline for the first step: the all-reduce group forms only once every task runs."""
 
@@ -118,16 +106,6 @@ class JoinWithin:
             handler.flush()
         self._exit_now(1)
 
-    def hook(self) -> tf.estimator.SessionRunHook:
-        """A training hook that marks the first step."""
-        deadline = self
-
-        class _FirstStep(tf.estimator.SessionRunHook):
-            def after_run(self, run_context, run_values):
-                deadline.joined()
-
-        return _FirstStep()
-
 
 class AgreedStop:
     """Every task of an all-reduce job stops at one step after a signal to any of them."""
@@ -144,49 +122,18 @@ class AgreedStop:
     def request(self, current_step: int) -> int:
         """Asks every task to stop at ``current_step`` + a margin (a signal came here)."""
         step = current_step + _STOP_MARGIN
-        agreed = self._read()
+        agreed = self.read()
         if agreed is None or agreed > step or agreed <= (self.start_step or 0):
             storage.write_bytes_atomic(self.path, json.dumps({"step": step}).encode())
             agreed = step
         return agreed
 
-    def _read(self) -> Optional[int]:
+    def read(self) -> Optional[int]:
+        """The step the job agreed to stop at, if any task wrote one."""
         try:
             return int(json.loads(storage.read_bytes(self.path))["step"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-
-    def hook(self, signalled: Callable[[], bool],
-             on_session: Callable[[], None] = lambda: None) -> tf.estimator.SessionRunHook:
-        """The training hook: before each step, reads the agreed step (written by any task,
-        this one when ``signalled()``); after the step that reaches it, stops the session.
-        ``on_session`` runs once the session exists (and TensorFlow's servers with it), in the
-        main thread."""
-        agreed = self
-
-        class _Hook(tf.estimator.SessionRunHook):
-            def begin(self):
-                self._step = tf.compat.v1.train.get_global_step()
-
-            def after_create_session(self, session, coord):
-                on_session()
-                agreed.start_step = int(session.run(self._step))
-
-            def before_run(self, run_context):
-                return tf.estimator.SessionRunArgs(self._step)
-
-            def after_run(self, run_context, run_values):
-                step = int(run_values.results) + 1  # the step just run
-                if signalled() and agreed.stop_step is None:
-                    agreed.stop_step = agreed.request(step)
-                found = agreed._read()
-                # An agreement from before this task started is an earlier run's.
-                if found is not None and found > agreed.start_step:
-                    agreed.stop_step = found
-                if agreed.stop_step is not None and step >= agreed.stop_step:
-                    run_context.request_stop()
-
-        return _Hook()
 
     @property
     def stopped(self) -> bool:

@@ -14,19 +14,15 @@ What it owns:
 - ``run_parameter_server`` and ``report_done``: a parameter server serves variables until every
   training task has reported that it finished, then exits 0, so a cluster ends by itself. The
   reports travel through a queue that lives on each parameter server.
-- ``ParameterServerWatchdog``: a parameter server that dies mid-run and comes back on the same
-  address is recovered by TensorFlow (``MonitoredSession`` recreates the sessions; the chief
-  restores the latest checkpoint into the new one). One that does not come back would leave
-  every trainer retrying forever; the watchdog ends the task with one line instead.
+- ``answers``: whether a task's server answers, which the parameter-server watchdog
+  (``estimator.cluster_hooks.ParameterServerWatchdog``) asks of a parameter server that went
+  quiet mid-run.
 """
 
 import logging
-import os
 import socket
-import sys
-import threading
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -44,7 +40,7 @@ _POLL_SECS = 0.5
 # report_done's 30 s and logged that the parameter server never heard, though it had (how
 # often: CHANGELOG). A second is far more than those milliseconds, even on a loaded machine.
 _LINGER_SECS = 1.0
-_PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
+PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
 
 
 def device_filters(task_type: str, task_id: int) -> list[str]:
@@ -66,7 +62,7 @@ def trainer_tasks(cluster: Mapping[str, Sequence[str]]) -> list[str]:
     return [f"{job}:{i}" for job in TRAINER_JOBS for i in range(len(cluster.get(job, ())))]
 
 
-def _answers(task: str, address: str, timeout_secs: float) -> bool:
+def answers(task: str, address: str, timeout_secs: float) -> bool:
     """True if a TensorFlow server for ``task`` (``job:index``) answers at ``address``.
 
     A TCP connection is not enough: a port that accepts connections but does not speak
@@ -103,8 +99,8 @@ def wait_for_tasks(tasks: Mapping[str, str], timeout_secs: float) -> None:
     waiting = dict(tasks)
     announced = False
     while True:
-        waiting = {name: address for name, address in waiting.items() if not _answers(
-            name, address, max(_POLL_SECS, min(_PROBE_SECS, deadline - time.monotonic())))}
+        waiting = {name: address for name, address in waiting.items() if not answers(
+            name, address, max(_POLL_SECS, min(PROBE_SECS, deadline - time.monotonic())))}
         if not waiting:
             return
         if time.monotonic() >= deadline:
@@ -239,68 +235,3 @@ def report_done(cluster: Mapping[str, Sequence[str]], task: str, timeout_secs: f
                 reason = [line for line in e.message.splitlines() if line.strip()][-1]
                 log.warning("could not tell parameter server %d (%s) that %s finished: %s",
                             index, address, task, reason)
-
-
-
-# Exit status of a trainer that lost a parameter server for good: a failure, not a signal, so
-# an orchestrator that restarts signalled pods (Kubeflow's restartPolicy ExitCode) does not loop.
-LOST_PS_EXIT_STATUS = 1
-
-
-class ParameterServerWatchdog(tf.estimator.SessionRunHook):
-    """Ends a trainer whose parameter servers stay unreachable while no step completes.
-
-    Every ``check_secs`` a thread looks at the time since the last completed step; past
-    ``timeout_secs`` it probes the parameter servers, and if one still does not answer it logs
-    one line (what happened, how to resume) and exits the process with status 1. TensorFlow's
-    recovery loop gives no other way out: it retries session creation forever.
-    """
-
-    def __init__(self, ps_tasks: Mapping[str, str], timeout_secs: float, resume_hint: str,
-                 check_secs: float = 5.0,
-                 exit_fn: Callable[[int], None] = os._exit):
-        """
-        Args:
-          ps_tasks: parameter server name (``ps:0``) -> ``host:port``.
-          timeout_secs: how long without a step and without a parameter server to accept.
-          resume_hint: what the user should do, appended to the message.
-          check_secs: how often the thread looks.
-          exit_fn: ends the process (``os._exit``: the session cannot be closed cleanly).
-        """
-        self._ps = dict(ps_tasks)
-        self._timeout = timeout_secs
-        self._hint = resume_hint
-        self._check = check_secs
-        self._exit = exit_fn
-        self._last_step = time.monotonic()
-        self._done = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    def begin(self):
-        self._last_step = time.monotonic()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="ps_watchdog",
-                                            daemon=True)
-            self._thread.start()
-
-    def after_run(self, run_context, run_values):
-        self._last_step = time.monotonic()
-
-    def end(self, session):
-        self._done.set()
-
-    def _watch(self):
-        while not self._done.wait(self._check):
-            idle = time.monotonic() - self._last_step
-            if idle < self._timeout:
-                continue
-            lost = [f"{name} at {address}" for name, address in self._ps.items()
-                    if not _answers(name, address, _PROBE_SECS)]
-            if lost and not self._done.is_set():
-                log.error("lost %s: no answer and no training step for %.0f s "
-                          "(--cluster-timeout-secs); %s", ", ".join(lost), idle, self._hint)
-                for handler in log.handlers:
-                    handler.flush()
-                sys.stderr.flush()
-                self._exit(LOST_PS_EXIT_STATUS)
-                return

@@ -21,7 +21,7 @@ far.
 The chief (or a local run) holds the job dir's lock (``jobdir.lock``) from its start to its
 end. Once it has lost the lock it stops with ``LockLost`` (one line, exit status 2) and saves
 nothing more: its sessions check before every step and re-read the lock before every
-checkpoint (``training.fence``), and no evaluation, report or export follows.
+checkpoint (``estimator.fence``), and no evaluation, report or export follows.
 """
 
 import contextlib
@@ -40,7 +40,8 @@ from cifar10_estimator.config.settings import (ClusterSection, DataSection, Devi
 from cifar10_estimator.task import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
-from cifar10_estimator.training import end, fence, specs, start
+from cifar10_estimator.estimator import fence
+from cifar10_estimator.training import end, specs, start
 from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.preemption import Preemption, stopped_line
 
@@ -62,9 +63,9 @@ def train_and_evaluate(role: Role, machine: start.Machine,
     against the machine). ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
     and ``errors.Stopped``; ``on_evaluation`` is handed each evaluation's metrics, its
-    checkpoint, its epoch and this task's training images per second, as the evaluation ends (a tuning service's
-    intermediate reports). The root of a task's run: it hands each part the sections that part
-    reads."""
+    checkpoint, its epoch and this task's training images per second, as the evaluation ends
+    (a tuning service's intermediate reports). The root of a task's run: it hands each part
+    the sections that part reads."""
     preemption = preemption or Preemption()
     preemption.before_exit(lambda stop: log.info(
         stopped_line(stop, role, output.job_dir, preemption.last_step)))

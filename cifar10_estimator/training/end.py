@@ -23,7 +23,7 @@ from cifar10_estimator.config.settings import OutputSection
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.evaluation import offline, report
 from cifar10_estimator.model import checkpoints
-from cifar10_estimator.model.model_fn import ModelSettings
+from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.serving import client
 from cifar10_estimator.serving.best_export import BestExport

@@ -48,13 +48,16 @@ def on_main_thread() -> bool:
 
 
 class Preemption:
-    """The signal state of one task, and the session hooks that act on it."""
+    """The signal state of one task; the session hooks that act on it are
+    ``estimator.preemption_hooks``'."""
 
     def __init__(self):
         self.signum: Optional[int] = None
         self.last_step: Optional[int] = None  # the global step after the last training step
-        self._training = False
-        self._evaluating = False
+        # Set by the session hooks (estimator.preemption_hooks): a signal in a training
+        # session waits for its step; one in an evaluation or anywhere else ends the process.
+        self.training = False
+        self.evaluating = False
         self._before_exit: list[Callable[[Stopped], None]] = []
         self._previous: dict = {}
 
@@ -97,7 +100,7 @@ class Preemption:
             self.signum = signum
             for other in SIGNALS:  # a second signal: the default action, at once
                 signal.signal(other, signal.SIG_DFL)
-        if self._training and not self._evaluating:
+        if self.training and not self.evaluating:
             return  # the training hook stops the session after the step in flight
         self._exit_now(Stopped(signum))
 
@@ -120,53 +123,6 @@ class Preemption:
         """Raises ``errors.Stopped`` if a signal came (after a session that stopped for it)."""
         if self.signum is not None:
             raise Stopped(self.signum)
-
-    def training_hook(self, stop: bool = True) -> tf.estimator.SessionRunHook:
-        """Stops a training session after the step in flight once a signal came (``stop``;
-        an all-reduce job stops at a step its tasks agree on instead: ``allreduce``)."""
-        return _TrainingHook(self, stop)
-
-    def evaluation_hook(self) -> tf.estimator.SessionRunHook:
-        """Marks an evaluation, which a signal ends at once (and which does not start after
-        one: a local run's final evaluation is skipped)."""
-        return _EvaluationHook(self)
-
-
-class _TrainingHook(tf.estimator.SessionRunHook):
-    def __init__(self, preemption: Preemption, stop: bool):
-        self._p = preemption
-        self._stop = stop
-
-    def begin(self):
-        self._step = tf.compat.v1.train.get_global_step()
-
-    def after_create_session(self, session, coord):
-        self._p._training = True
-        self._p.check()  # a signal during start-up
-
-    def before_run(self, run_context):
-        return tf.estimator.SessionRunArgs(self._step)
-
-    def after_run(self, run_context, run_values):
-        # The step read before the update: the step just run ends one later.
-        self._p.last_step = int(run_values.results) + 1
-        if self._p.signum is not None and self._stop:
-            run_context.request_stop()
-
-    def end(self, session):
-        self._p._training = False
-
-
-class _EvaluationHook(tf.estimator.SessionRunHook):
-    def __init__(self, preemption: Preemption):
-        self._p = preemption
-
-    def begin(self):
-        self._p.check()
-        self._p._evaluating = True
-
-    def end(self, session):
-        self._p._evaluating = False
 
 
 def stopped_line(stop: Stopped, role, job_dir: Optional[str],

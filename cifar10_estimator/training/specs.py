@@ -1,27 +1,32 @@
 """What ``tf.estimator.train_and_evaluate`` is given for a started task: the ``RunConfig``, the
-``TrainSpec`` and ``EvalSpec``, their input functions and hooks (progress, preemption, the job
-dir's lock, precise batch norm, a cluster's watchdogs), read from the task's plan and the
-sections of the settings each of them needs."""
+``TrainSpec`` and ``EvalSpec``, assembled from the Estimator-facing room's parts (``estimator``:
+the model_fn, the input functions, the hooks of progress, preemption, the job dir's lock,
+precise batch norm and a cluster's watchdogs, the exporter after each evaluation), read from the
+task's plan and the sections of the settings each of them needs."""
 
+import functools
 import logging
 import math
 from typing import Callable, Optional
 
 import tensorflow as tf
 
+from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
                                                LoggingSection, ModelSection, OutputSection)
-from cifar10_estimator.task import allreduce, peers
-from cifar10_estimator.config.plan import Plan
-from cifar10_estimator.training.start import Task
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.training.end import evaluation_line
-from cifar10_estimator.jobdir.lock import JobLock
+from cifar10_estimator.estimator import (cluster_hooks, fence, input_fn, precise_bn,
+                                         preemption_hooks, progress)
+from cifar10_estimator.estimator.exporter import AfterEvaluation
+from cifar10_estimator.estimator.model_fn import make_model_fn
 from cifar10_estimator.model import checkpoints
-from cifar10_estimator.model.model_fn import ModelSettings, make_model_fn
+from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.platform.session import session_config
 from cifar10_estimator.serving.best_export import BEST_SUBDIR
-from cifar10_estimator.training import fence, precise_bn, progress
+from cifar10_estimator.task import peers
+from cifar10_estimator.task.allreduce import JoinWithin
+from cifar10_estimator.training.end import evaluation_line
+from cifar10_estimator.training.start import Task
 
 log = logging.getLogger("cifar10_estimator")
 
@@ -82,26 +87,6 @@ def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
                         ) from None
 
 
-class _AfterEvaluation(tf.estimator.Exporter):
-    """Estimator's hook after each local evaluation: logs it and hands it on."""
-
-    def __init__(self, consider: Optional[Callable[[dict, str], object]],
-                 lock: Optional[JobLock] = None):
-        self._consider = consider
-        self._lock = lock
-
-    @property
-    def name(self) -> str:
-        return BEST_SUBDIR
-
-    def export(self, estimator, export_path, checkpoint_path, eval_result,
-               is_the_final_export):
-        if self._lock is not None:
-            self._lock.check()  # no best export once the lock is lost
-        log.info(evaluation_line(eval_result))
-        return self._consider(eval_result, checkpoint_path) if self._consider else None
-
-
 def _progress_hook(plan: Plan, logging_: LoggingSection, job_dir: str
                    ) -> progress.ProgressHook:
     return progress.ProgressHook(
@@ -110,6 +95,13 @@ def _progress_hook(plan: Plan, logging_: LoggingSection, job_dir: str
         every_secs=logging_.progress_secs,
         summary_dir=job_dir if plan.role.is_chief else None,
         summary_steps=logging_.save_summary_steps)
+
+
+def _evaluated(consider: Optional[Callable[[dict, str], object]], eval_result: dict,
+               checkpoint_path: str):
+    """After each local evaluation: its line, then ``consider`` (``--export-best``)."""
+    log.info(evaluation_line(eval_result))
+    return consider(eval_result, checkpoint_path) if consider else None
 
 
 def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], object]], *,
@@ -128,16 +120,16 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
                                   if all_reduce else None)] if lock is not None else [])
     listeners = [fence.LockListener(lock)] if lock is not None else []
     train_hooks = [*lock_hooks, _progress_hook(plan, logging_, job_dir),
-                   preemption.training_hook(stop=not all_reduce)]
+                   preemption_hooks.TrainingHook(preemption, stop=not all_reduce)]
     if all_reduce:
         name = f"{role.task_type} {role.task_id}"
         train_hooks += [
-            task.agreed_stop.hook(lambda: preemption.signum is not None,
-                                  on_session=preemption.reinstall),
-            allreduce.RestartOnLostPeer(name, job_dir),
-            allreduce.JoinWithin(timeout, (
+            cluster_hooks.AgreedStopHook(task.agreed_stop, lambda: preemption.signum is not None,
+                                         on_session=preemption.reinstall),
+            cluster_hooks.RestartOnLostPeer(name, job_dir),
+            cluster_hooks.FirstStepHook(JoinWithin(timeout, (
                 f"every task of TF_CONFIG's chief and workers must run; {name} is waiting for "
-                f"the others")).start().hook()]
+                f"the others")).start())]
     precise = model.precise_bn_batches and not model.moving_average_decay
     asynchronous = role.in_cluster and role.num_ps and not plan.sync_replicas
     if role.is_chief and (precise or asynchronous):
@@ -148,42 +140,24 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
                 skip=lambda: preemption.signum is not None) if precise else None,
             listeners))
     if role.in_cluster and role.num_ps:
-        train_hooks.append(peers.ParameterServerWatchdog(
+        train_hooks.append(cluster_hooks.ParameterServerWatchdog(
             role.ps_tasks, timeout,
             "start it again on the same address and rerun the tasks that stopped with the "
             "same flags: the chief resumes from the latest checkpoint in --job-dir"))
     # Estimator adds a chief's saving listeners to its first checkpoint hook (the one above, or
     # its own), except under a multi-worker strategy, which takes none.
-    train_spec = tf.estimator.TrainSpec(_train_input(task, data.seed),
+    train_spec = tf.estimator.TrainSpec(input_fn.train_input_fn(task.train_data, plan, data.seed),
                                         max_steps=plan.train_steps,
                                         hooks=train_hooks,
                                         saving_listeners=[] if all_reduce else listeners)
     eval_spec = tf.estimator.EvalSpec(
-        lambda: task.eval_data.make_batch(data.eval_batch_size),
+        input_fn.eval_input_fn(task.eval_data, data.eval_batch_size),
         steps=None, name=None, start_delay_secs=0, throttle_secs=output.eval_throttle_secs,
-        exporters=[_AfterEvaluation(consider, lock)],
+        exporters=[AfterEvaluation(BEST_SUBDIR, functools.partial(_evaluated, consider), lock)],
         # A local run's evaluations end too once the lock is lost.
-        hooks=[preemption.evaluation_hook(),
+        hooks=[preemption_hooks.EvaluationHook(preemption),
                *([fence.LockHook(lock)] if lock is not None else [])])
     return train_spec, eval_spec
-
-
-def _train_input(task: Task, seed: Optional[int]) -> Callable:
-    """The training input_fn: this worker's shard of the records, shuffled and augmented from
-    ``seed``; under a tf.distribute strategy, Estimator calls it per input pipeline for batches
-    of one replica's share."""
-    plan = task.plan
-    if plan.towers:
-        shard = ((plan.role.num_trainers, plan.role.trainer_index) if plan.role.in_cluster
-                 else (1, 0))
-        return lambda: task.train_data.make_batch(plan.worker_batch, seed=seed, shard=shard)
-
-    def input_fn(input_context: tf.distribute.InputContext):
-        # One pipeline per worker, each batch one replica's share.
-        return task.train_data.make_batch(
-            plan.replica_batch, seed=seed,
-            shard=(input_context.num_input_pipelines, input_context.input_pipeline_id))
-    return input_fn
 
 
 def latest_step(job_dir: str) -> int:

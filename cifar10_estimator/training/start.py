@@ -43,7 +43,8 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints, networks, schedules, towers
-from cifar10_estimator.model.model_fn import ModelSettings
+from cifar10_estimator.estimator.model_fn import make_model_fn
+from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.platform.precision_probe import Machine
 from cifar10_estimator.platform.session import session_config
@@ -119,7 +120,8 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
     precision = precision_probe.choose_training(
         model, schedule, devices, session_config(devices, logging_.log_device_placement),
         data.data_dir, info.class_names, machine,
-        None if role.is_chief and output.change_settings else recorded.get("precision"))
+        None if role.is_chief and output.change_settings else recorded.get("precision"),
+        make_model_fn)
     plan = plans.resolve(role, model, schedule, devices, cluster, dataset=info.dataset,
                          class_names=info.class_names, train_records=train_data.num_examples(),
                          precision=precision)

@@ -12,7 +12,7 @@ from typing import Optional
 from cifar10_estimator import storage
 from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
 from cifar10_estimator.training.end import TrainResult
-from cifar10_estimator.training.progress import format_duration
+from cifar10_estimator.estimator.progress import format_duration
 
 
 def run_summary(data_dir: str, job_dir: str, result: TrainResult, seconds: float

@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator.model.model_fn import PRECISE_BN_COUNT, PRECISE_BN_UPDATES
+from cifar10_estimator.estimator.model_fn import PRECISE_BN_COUNT, PRECISE_BN_UPDATES
 
 log = logging.getLogger("cifar10_estimator")
 # The batch-norm statistics' variable names end so (model.resnet).

@@ -25,7 +25,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.model import model_fn
+from cifar10_estimator.estimator import model_fn
 
 log = logging.getLogger("cifar10_estimator")
 # Seconds from the first (timed) step to the first line.

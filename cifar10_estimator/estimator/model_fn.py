@@ -11,74 +11,27 @@ that hooks outside the model (the trainer's progress lines) can fetch them.
 
 import dataclasses
 import logging
-from typing import Optional, Sequence
+from typing import Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.data import pipeline, schema
-from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules,
-                                     sync_replicas, towers, whitening)
-from cifar10_estimator.config.plan import Optimizer, Plan, Schedule, optimizer_of
-from cifar10_estimator.config.settings import ModelSection, ScheduleSection
+from cifar10_estimator.data import pipeline
+from cifar10_estimator.estimator import sync_replicas
+from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules, towers,
+                                     whitening)
+from cifar10_estimator.model.settings import NAN_LOSS_MESSAGE, ModelSettings
 
 log = logging.getLogger("cifar10_estimator")
 
 PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
-# Marks the check_numerics failure of a NaN or infinite loss (see jobdir.guards).
-NAN_LOSS_MESSAGE = "training loss is NaN or infinite"
 # Tensors are named *_value so that the summaries (and Estimator's own "loss") get the plain
 # tags: an op named "loss" would turn the summary's tag into "loss_1".
 LOSS_TENSOR = "loss_value:0"
 LEARNING_RATE_TENSOR = "learning_rate_value:0"
-# Precise batch norm (training.precise_bn) finds what it runs in these graph collections: the
+# Precise batch norm (estimator.precise_bn) finds what it runs in these graph collections: the
 # batch count it feeds, and tower 0's moving-statistics updates.
 PRECISE_BN_COUNT = "precise_batch_norm_count"
 PRECISE_BN_UPDATES = "precise_batch_norm_updates"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """What the model_fn reads: the network's settings (``ModelSection``) and the facts of the
-    task's plan (``ModelSettings.of``). The defaults are one worker's tower on ``/cpu:0`` in
-    float32."""
-
-    model: ModelSection = ModelSection()
-    # Momentum, Nesterov, Lookahead, the batch norm's rate: the settings' defaults.
-    optimizer: Optimizer = optimizer_of(ScheduleSection())
-    data_format: str = "channels_last"
-    schedule: Schedule = Schedule()  # the learning rate over the run's global steps
-    devices: Sequence[str] = ("/cpu:0",)  # one compute device per tower
-    variable_strategy: str = "CPU"  # where the variables live (``towers``)
-    sync_replicas: bool = False  # the towers' gradients meet in SyncReplicasOptimizer
-    num_workers: int = 1  # training tasks: SyncReplicasOptimizer aggregates one per worker
-    is_chief: bool = True
-    compute_dtype: str = "float32"
-    # Names of the classes in label order; their count is the width of the logits.
-    class_names: Sequence[str] = schema.CLASS_NAMES
-    # The records folder whose training pictures give the whitening filters (training only).
-    data_dir: Optional[str] = None
-    # Global steps that train on pictures scaled down to low_res_size pixels
-    # (--low-res-fraction of the run's, or the recipe's share: Plan.low_res_steps).
-    low_res_steps: int = 0
-    low_res_size: int = 32
-
-    @classmethod
-    def of(cls, plan: Plan, model: ModelSection, data_dir: Optional[str],
-           compute_dtype: Optional[str] = None) -> "ModelSettings":
-        """The plan's view for the model_fn, with the network's settings and the records
-        folder; ``compute_dtype`` for an export that computes in another precision than the
-        job trains in (``--serving-precision``)."""
-        return cls(model=model, optimizer=plan.optimizer, data_format=plan.data_format,
-                   schedule=plan.schedule, devices=plan.devices,
-                   variable_strategy=plan.variable_strategy, sync_replicas=plan.sync_replicas,
-                   num_workers=plan.role.num_trainers, is_chief=plan.role.is_chief,
-                   compute_dtype=compute_dtype or plan.compute_dtype,
-                   class_names=plan.class_names, data_dir=data_dir,
-                   low_res_steps=plan.low_res_steps, low_res_size=plan.low_res_size)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
 
 
 @dataclasses.dataclass
