@@ -124,7 +124,8 @@ def build_parser() -> cli.Parser:
     stopping.add_argument(
         "--scheduler", choices=SCHEDULERS, default=None,
         help="asha: asynchronous successive halving (Li et al. 2020, arXiv:1810.05934); "
-             "hyperband: HyperBand's brackets (Li et al. 2018, arXiv:1603.06560); both through "
+             "hyperband: HyperBand's brackets (Li et al. 2018, arXiv:1603.06560), run "
+             "asynchronously as ASHA over each; both through "
              "Ray Tune, on the trials' epochs, every trial evaluating each "
              "--save-checkpoints-epochs (default: every trial runs to its end)")
     stopping.add_argument(

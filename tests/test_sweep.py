@@ -121,6 +121,26 @@ def _state(tmp_path, trials, metric="accuracy", mode="max", out=None):
                        mode, out or io.StringIO())
 
 
+@pytest.mark.skipif(ray_cluster is None, reason="the ray extra installs Ray")
+@pytest.mark.parametrize("kind, grace, factor, epochs, rungs", [
+    ("asha", 1, 3, 4, [[3, 1]]),
+    # HyperBand: one bracket per rung, bracket s from the s-th rung on (Li et al. 2018).
+    ("hyperband", 1, 3, 4, [[3, 1], [3]]),
+    # No rung at the end: a trial that trains to it finishes (the last bracket stops none).
+    ("asha", 1, 2, 8, [[4, 2, 1]]),
+    ("hyperband", 1, 2, 8, [[4, 2, 1], [4, 2], [4], []]),
+    ("hyperband", 2, 3, 30, [[18, 6, 2], [18, 6], [18]]),
+])
+def test_the_schedulers_rungs_in_epochs(kind, grace, factor, epochs, rungs):
+    from cifar10_estimator.sweeps import tuner
+
+    scheduler = tuner.scheduler(kind, "accuracy", "max", grace, factor, epochs)
+    # Ray Tune's asynchronous scheduler: no trial is ever paused, so none gives back its node.
+    assert type(scheduler).__name__ == "AsyncHyperBandScheduler"
+    assert [[rung for rung, _ in bracket._rungs] for bracket in scheduler._brackets] == rungs
+    assert tuner.scheduler(None, "accuracy", "max", grace, factor, epochs) is None
+
+
 def test_records_a_rerun_skips_the_finished_trials_and_names_the_best(tmp_path):
     trials = records.assign(records.grid(records.parse_vary(["learning-rate=0.05,0.1,0.2"], "/w")),
                           None, str(tmp_path))

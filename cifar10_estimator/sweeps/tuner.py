@@ -18,6 +18,7 @@ Ray Tune writes into its result files.
 Ray is an optional dependency (the ``ray`` extra); nothing here imports it before it runs.
 """
 
+import math
 from typing import Mapping, Optional, Sequence
 
 from cifar10_estimator.sweeps import records, trainable
@@ -49,20 +50,43 @@ def scheduler(kind: Optional[str], metric: str, mode: str, grace_epochs: float,
               reduction_factor: float, max_epochs: Optional[float]):
     """Ray Tune's scheduler for ``--scheduler``: None (every trial to its end), ``asha``
     (``ASHAScheduler``: asynchronous successive halving, Li et al. 2020, arXiv:1810.05934) or
-    ``hyperband`` (``HyperBandScheduler``, Li et al. 2018, arXiv:1603.06560), both on the
-    trials' epochs, from ``grace_epochs`` on, keeping 1 in ``reduction_factor`` at each rung."""
+    ``hyperband``: HyperBand's brackets (Li et al. 2018, arXiv:1603.06560) run asynchronously,
+    as Li et al. 2020 loop ASHA over them: one bracket per rung, bracket ``s``
+    stopping trials from ``grace_epochs`` x ``reduction_factor`` ** s on, each new trial
+    placed in one of them (Ray Tune's ``AsyncHyperBandScheduler`` with ``brackets``). Both on
+    the trials' epochs, keeping 1 in ``reduction_factor`` at each rung. (Ray Tune's
+    synchronous ``HyperBandScheduler`` pauses trials at each rung until their bracket catches
+    up: a paused trainer would hold or give back its node, and be restarted, at every rung.)"""
     if kind is None:
         return None
     from ray.tune import schedulers
 
     # A trial that reaches max_t goes on to its end: its trainer's final evaluation and export
     # come after its last report of an evaluation.
+    # Its max_t is set just short of the trainers' last epoch: Ray Tune puts a rung at max_t
+    # when it is a power of the factor (1, 2, 4, 8), and one there would stop every trial but
+    # the best as it reports its final evaluation, in its final export, though it trained to
+    # its end.
     common = {"time_attr": EPOCH, "metric": metric, "mode": mode, "stop_last_trials": False,
-              **({"max_t": max_epochs} if max_epochs else {})}
-    if kind == "asha":
-        return schedulers.ASHAScheduler(grace_period=grace_epochs,
-                                        reduction_factor=reduction_factor, **common)
-    return schedulers.HyperBandScheduler(reduction_factor=reduction_factor, **common)
+              "grace_period": grace_epochs, "reduction_factor": reduction_factor,
+              **({"max_t": max(grace_epochs, max_epochs * (1 - 1e-6))} if max_epochs else {})}
+    return schedulers.AsyncHyperBandScheduler(
+        brackets=1 if kind == "asha" else hyperband_brackets(
+            grace_epochs, reduction_factor, max_epochs or _RAY_MAX_T), **common)
+
+
+# Ray Tune's AsyncHyperBandScheduler's max_t when none is given (ray/tune/schedulers/
+# async_hyperband.py): a trainer run by --train-steps has no length in epochs.
+_RAY_MAX_T = 100
+
+
+def hyperband_brackets(grace_epochs: float, reduction_factor: float, max_epochs: float) -> int:
+    """HyperBand's bracket count: s_max + 1 (Li et al. 2018, algorithm 1), one per rung that
+    ``grace_epochs`` x ``reduction_factor`` ** s reaches up to ``max_epochs``; bracket s's
+    first rung is the s-th of ASHA's (``--reduction-factor 3 --grace-epochs 1 --train-epochs
+    4``: 2 brackets, rungs at epochs 1 and 3, and at 3 only)."""
+    return max(1, int(math.floor(math.log(max_epochs / grace_epochs, reduction_factor)
+                                 + 1e-9)) + 1)
 
 
 def run(state: records.Sweep, trials: Sequence[records.Trial], *, cpus: float, gpus: float,
