@@ -31,7 +31,7 @@ import tensorflow as tf
 t_import = time.perf_counter()
 from cifar10_estimator.data import schema
 from cifar10_estimator.data.pipeline import Cifar10DataSet
-from cifar10_estimator.estimator.model_fn import make_model_fn
+from cifar10_estimator.training.estimator.model_fn import make_model_fn
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import Settings

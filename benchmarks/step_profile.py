@@ -30,7 +30,7 @@ def _ours(depth: int, batch: int):
     import numpy as np
     import tensorflow as tf
 
-    from cifar10_estimator.estimator import model_fn
+    from cifar10_estimator.training.estimator import model_fn
     from cifar10_estimator.config.plan import schedule_of
     from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 

@@ -18,7 +18,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # tasks and run sweeps of them, then the commands (docs/architecture.md).
 FOUNDATIONS = ("errors", "cli", "storage", "logs", "estimator_compat", "engines")
 SUBPACKAGES = ("config", "data", "model", "serving", "platform", "jobdir", "task",
-               "estimator", "evaluation", "training", "launch", "sweeps")
+               "evaluation", "training", "launch", "sweeps")
 LAYERS = {**{name: 0 for name in FOUNDATIONS},
           **{name: i for i, name in enumerate(SUBPACKAGES, start=1)}}
 COMMAND_LAYER = len(SUBPACKAGES) + 1  # train, generate, predict, demo, cluster, __main__, ...
@@ -184,8 +184,9 @@ def test_the_training_loop_reaches_at_most_eight_modules_outside_training():
 
 
 # What TensorFlow's Estimator calls back: session hooks, checkpoint listeners, exporters, and
-# the model_fn's EstimatorSpec. They live in one room, estimator/ (docs/architecture.md), so that a
-# release that changes Estimator's contracts has one room to open beside estimator_compat.
+# the model_fn's EstimatorSpec. They live in one room, training/estimator/ (docs/architecture.md),
+# so that a release that changes Estimator's contracts has one room to open beside
+# estimator_compat.
 CALLBACK_BASES = ("SessionRunHook", "CheckpointSaverHook", "CheckpointSaverListener", "Exporter")
 
 
@@ -208,7 +209,7 @@ def _estimator_callbacks(path: str) -> list[str]:
 
 
 def test_what_estimator_calls_back_lives_in_the_estimator_room():
-    room = f"{PACKAGE}.estimator"
+    room = f"{PACKAGE}.training.estimator"
     outside = {m: found for m, path in MODULES.items()
                if not (m == room or m.startswith(room + "."))
                for found in [_estimator_callbacks(path)] if found}

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import train
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.training.estimator import model_fn
 from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.serving import best_export, export
 from trainer_fixtures import checkpoint_of, trainer_args

@@ -108,7 +108,7 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
                          train_batch_size=8, eval_batch_size=8)
     from cifar10_estimator.config import plan
     from cifar10_estimator.config.role import Role
-    from cifar10_estimator.estimator.model_fn import make_model_fn
+    from cifar10_estimator.training.estimator.model_fn import make_model_fn
     from cifar10_estimator.model.settings import ModelSettings
 
     evaluator_role = Role("evaluator", 0, {"chief": ("127.0.0.1:1",),

@@ -130,7 +130,7 @@ def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimize
     from cifar10_estimator.config import plan
     from cifar10_estimator.config.role import Role
     from cifar10_estimator.data import schema
-    from cifar10_estimator.estimator import model_fn
+    from cifar10_estimator.training.estimator import model_fn
 
     for given in ([], ["--nesterov"]):
         config, _ = flags.parse(["--num-layers", "8", *given])

@@ -101,7 +101,7 @@ def test_the_chiefs_save_at_the_final_step_stays_the_final_checkpoint(tmp_path):
     # In an asynchronous cluster another worker's update lands after the chief's save at the
     # final step (here: a hook before the chief's bumps the global step at the session's end).
     # The evaluator took that save as final, so the chief must not save again under step 41.
-    from cifar10_estimator.estimator.precise_bn import CheckpointHook
+    from cifar10_estimator.training.estimator.precise_bn import CheckpointHook
 
     class OtherWorker(tf.estimator.SessionRunHook):
         def begin(self):

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from cifar10_estimator.jobdir import lock as job_lock
 from cifar10_estimator.jobdir.lock import JobLock, LockLost
-from cifar10_estimator.estimator import fence
+from cifar10_estimator.training.estimator import fence
 from cluster_fixtures import frozen, wait_stopped
 from trainer_fixtures import (NEEDS_S3, NO_BEAT, NO_EVAL, checkpoint_step, trainer_env,
                               wait_until, work_dir, write_lock_file)

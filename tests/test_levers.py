@@ -14,7 +14,8 @@ from cifar10_estimator.config import flags, overlays, plan
 from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 from cifar10_estimator.data import pipeline, schema
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import graph as model_graph
+from cifar10_estimator.training.estimator import model_fn
 from cifar10_estimator.model import lookahead, networks, schedules, whitening
 from trainer_fixtures import run_module, trainer_args, write_records
 
@@ -304,7 +305,7 @@ def test_training_pictures_are_scaled_down_until_the_low_res_steps_end():
     pictures = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype(np.float32)
     with tf.Graph().as_default():
         step = tf.compat.v1.train.get_or_create_global_step()
-        sized = model_fn._sized_for_step(tf.constant(pictures), settings)
+        sized = model_graph._sized_for_step(tf.constant(pictures), settings)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             early = session.run(sized)

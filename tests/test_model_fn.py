@@ -8,7 +8,8 @@ from cifar10_estimator.config import plan
 from cifar10_estimator.config.plan import global_batch
 from cifar10_estimator.config.settings import ClusterSection, ModelSection, ScheduleSection
 from cifar10_estimator.data import schema
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import graph as model_graph
+from cifar10_estimator.training.estimator import model_fn
 from cifar10_estimator.model import schedules
 
 # The default settings' schedule with epochs of 10 global steps.
@@ -76,8 +77,8 @@ def test_train_mode_with_two_cpu_towers_updates_batch_norm_from_tower_0_only():
         assert "tower_0" in names and "tower_1" not in names
         # The progress hook (outside the model) finds the loss and the rate by name.
         graph = tf.compat.v1.get_default_graph()
-        assert graph.get_tensor_by_name(model_fn.LOSS_TENSOR) is spec.loss
-        assert graph.get_tensor_by_name(model_fn.LEARNING_RATE_TENSOR).shape == ()
+        assert graph.get_tensor_by_name(model_graph.LOSS_TENSOR) is spec.loss
+        assert graph.get_tensor_by_name(model_graph.LEARNING_RATE_TENSOR).shape == ()
 
 
 def _rates(schedule: ScheduleSection, steps, steps_per_epoch=10, total_steps=1000,
@@ -138,10 +139,10 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     settings = model_fn.ModelSettings(ModelSection(num_layers=8, label_smoothing=e))
     with tf.Graph().as_default():
         with tf.compat.v1.variable_scope("resnet"):
-            logits, smoothed, _ = model_fn._tower(images, tf.constant(labels), True, settings,
+            logits, smoothed, _ = model_graph._tower(images, tf.constant(labels), True, settings,
                                                   0.9)
         with tf.compat.v1.variable_scope("resnet", reuse=True):
-            eval_logits, plain, _ = model_fn._tower(images, tf.constant(labels), False,
+            eval_logits, plain, _ = model_graph._tower(images, tf.constant(labels), False,
                                                     settings, 0.9)
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -190,7 +191,7 @@ def test_the_weights_moving_average_follows_a_numpy_ema_over_real_steps():
 
 
 def test_precise_batch_norm_sets_the_statistics_to_the_batches_statistics():
-    from cifar10_estimator.estimator.precise_bn import PreciseBatchNorm
+    from cifar10_estimator.training.estimator.precise_bn import PreciseBatchNorm
 
     settings = model_fn.ModelSettings(ModelSection(num_layers=8), schedule=TEN_STEP_EPOCHS)
     images = np.random.default_rng(0).uniform(0, 255, (8, 32, 32, 3)).astype(np.float32)

@@ -15,9 +15,10 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator import train
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import graph as model_graph
+from cifar10_estimator.training.estimator import model_fn
 from cifar10_estimator.model import confusion_image
-from cifar10_estimator.estimator import progress
+from cifar10_estimator.training.estimator import progress
 from cifar10_estimator.evaluation import report
 from cluster_fixtures import tensorboard_server
 from trainer_fixtures import trainer_args
@@ -46,8 +47,8 @@ def _progress_lines(caplog, every_secs: float, steps: int) -> list[str]:
                                           tf.compat.v1.GraphKeys.GLOBAL_STEP])
         train_op = tf.compat.v1.assign_add(step, 1)
         # What the model_fn names its loss and learning rate: the hook fetches them so.
-        tf.constant(0.25, name=model_fn.LOSS_TENSOR.split(":")[0])
-        tf.constant(0.1, name=model_fn.LEARNING_RATE_TENSOR.split(":")[0])
+        tf.constant(0.25, name=model_graph.LOSS_TENSOR.split(":")[0])
+        tf.constant(0.1, name=model_graph.LEARNING_RATE_TENSOR.split(":")[0])
         hook = progress.ProgressHook(batch_size=8, total_steps=560, every_secs=every_secs,
                                      clock=lambda: now[0])
         with caplog.at_level("INFO", logger="cifar10_estimator"):

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.training.estimator import model_fn
 from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.serving import client, export, warmup
 from cifar10_estimator.errors import UserError

@@ -3,7 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import graph as model_graph
+from cifar10_estimator.training.estimator import model_fn
 from cifar10_estimator.model import towers
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.settings import DevicesSection, ModelSection, ScheduleSection
@@ -70,7 +71,7 @@ def test_averaged_gradient_of_two_cpu_towers_equals_mean_of_per_shard_gradients(
         reference = []
         for lo, hi in ((0, 4), (4, 8)):
             with tf.compat.v1.variable_scope("resnet", reuse=True):
-                _, xent, l2 = model_fn._tower(tf.constant(images[lo:hi]),
+                _, xent, l2 = model_graph._tower(tf.constant(images[lo:hi]),
                                               tf.constant(labels[lo:hi]), True, settings,
                                               settings.model.batch_norm_decay)
             reference.append(tf.gradients(tf.reduce_mean(xent) + l2, params))

@@ -55,7 +55,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     images = images_chw[:6].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32)
     config = Settings.of(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
-    from cifar10_estimator.estimator.model_fn import make_model_fn
+    from cifar10_estimator.training.estimator.model_fn import make_model_fn
     from cifar10_estimator.model.settings import ModelSettings
     settings = ModelSettings.of(plan.resolve(Role(), config.model, config.schedule,
                                              config.devices, config.cluster, dataset="cifar10",

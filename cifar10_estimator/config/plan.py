@@ -188,7 +188,7 @@ class Plan:
     def worker_images(self, steps: int) -> int:
         """The images this worker's batches hold over ``steps`` global steps: what the run
         summary's images/s counts, as the progress lines' own figure does
-        (``estimator.progress``)."""
+        (``training.estimator.progress``)."""
         return steps * self.worker_batch
 
     def with_length(self, train_steps: int) -> "Plan":

@@ -1,5 +1,5 @@
 """What the model is built from: ``ModelSettings``, the network's section and the task's plan's
-facts that the model_fn (``estimator.model_fn``), the export's graphs (``serving``) and the
+facts that the model_fn (``training.estimator.model_fn``), the export's graphs (``serving``) and the
 evaluations read, and the message of the training graph's NaN check, which the job dir's
 guards recognise (``jobdir.guards``). Below the Estimator-facing room, so that the rooms
 under it read the model's settings without reaching into the model_fn."""

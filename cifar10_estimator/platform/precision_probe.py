@@ -84,7 +84,7 @@ def measure_training(make_model_fn: Callable[[ModelSettings], Callable], setting
     """Times the training step of ``settings`` in fp32 and bf16.
 
     The step is the train op of the model_fn ``make_model_fn(settings)`` returns (the
-    trainer's, ``estimator.model_fn.make_model_fn``: this room sits below the Estimator-facing
+    trainer's, ``training.estimator.model_fn.make_model_fn``: this room sits below the Estimator-facing
     one, which hands it in) on one fixed random batch of ``batch_size`` (a worker's
     batch, split over the settings' towers), in a graph and session of its own with
     ``session_config`` (the trainer's: threads, logical CPU devices, XLA). Workers' gradient
@@ -179,14 +179,16 @@ def choose_training(model: ModelSection, schedule: ScheduleSection, devices: Dev
     layout the plan will have, in sessions configured by ``session``, where the CPU has native
     bf16); logs the CPU and the choice with its reason. It runs before the task's plan is made:
     the plan holds the precision this returns."""
-    describe_cpu = machine.cpu.describe()
-    towers, layout = devices.tower_devices, plans.data_format(model.model, devices)
-    batch = schedule.train_batch_size
+    # Grouped by room (the plan's rules, the network's name, the CPU): a reader follows each
+    # once (tools/call_walk.py).
+    layout, optimizer = plans.data_format(model.model, devices), plans.optimizer_of(schedule)
+    towers, batch = devices.tower_devices, schedule.train_batch_size
     work = (f"training {networks.describe(model)}, batch {batch} on "
             f"{', '.join(towers)}, {layout}, threads "
             f"{devices.num_intra_threads}/{devices.num_inter_threads}"
             f"{', XLA' if devices.xla else ''}")
-    step = ModelSettings(model=model, optimizer=plans.optimizer_of(schedule),
+    describe_cpu = machine.cpu.describe()
+    step = ModelSettings(model=model, optimizer=optimizer,
                          data_format=layout, devices=towers,
                          variable_strategy=devices.variable_strategy,
                          class_names=tuple(class_names), data_dir=data_dir)

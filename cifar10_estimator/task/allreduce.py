@@ -14,15 +14,15 @@ your program to reset"). So this module turns any loss into a restart of the who
 latest checkpoint, which Kubernetes' ExitCode restart policy and the local launcher perform:
 
 - a second session in a task (the first broke) ends the task at once with ``RESTART_STATUS``
-  (``exit_for_restart``, called by ``estimator.cluster_hooks.RestartOnLostPeer``), and so does
+  (``exit_for_restart``, called by ``training.estimator.cluster_hooks.RestartOnLostPeer``), and so does
   a collective error out of training (``is_lost_peer``).
 - ``JoinWithin``: a task whose first step has not run within ``--cluster-timeout-secs`` (a
   worker that never came) ends with one line and status 1 (its first step is marked by
-  ``estimator.cluster_hooks.FirstStepHook``).
+  ``training.estimator.cluster_hooks.FirstStepHook``).
 - ``AgreedStop``: a signal to any task (SIGTERM, SIGINT) stops every task at the same step,
   so the chief saves that step and nothing is lost: the signalled task writes the step to stop
   at into the job dir (``STOP_FILE``), every task reads it before each step
-  (``estimator.cluster_hooks.AgreedStopHook``).
+  (``training.estimator.cluster_hooks.AgreedStopHook``).
 """
 
 import json

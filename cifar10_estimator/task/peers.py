@@ -15,7 +15,7 @@ What it owns:
   training task has reported that it finished, then exits 0, so a cluster ends by itself. The
   reports travel through a queue that lives on each parameter server.
 - ``answers``: whether a task's server answers, which the parameter-server watchdog
-  (``estimator.cluster_hooks.ParameterServerWatchdog``) asks of a parameter server that went
+  (``training.estimator.cluster_hooks.ParameterServerWatchdog``) asks of a parameter server that went
   quiet mid-run.
 """
 

@@ -21,7 +21,7 @@ far.
 The chief (or a local run) holds the job dir's lock (``jobdir.lock``) from its start to its
 end. Once it has lost the lock it stops with ``LockLost`` (one line, exit status 2) and saves
 nothing more: its sessions check before every step and re-read the lock before every
-checkpoint (``estimator.fence``), and no evaluation, report or export follows.
+checkpoint (``training.estimator.fence``), and no evaluation, report or export follows.
 """
 
 import contextlib
@@ -40,7 +40,7 @@ from cifar10_estimator.config.settings import (ClusterSection, DataSection, Devi
 from cifar10_estimator.task import allreduce, evaluator, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
-from cifar10_estimator.estimator import fence
+from cifar10_estimator.training.estimator import fence
 from cifar10_estimator.training import end, specs, start
 from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.preemption import Preemption, stopped_line

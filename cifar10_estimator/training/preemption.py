@@ -49,7 +49,7 @@ def on_main_thread() -> bool:
 
 class Preemption:
     """The signal state of one task; the session hooks that act on it are
-    ``estimator.preemption_hooks``'."""
+    ``training.estimator.preemption_hooks``'."""
 
     def __init__(self):
         self.signum: Optional[int] = None

@@ -15,10 +15,10 @@ from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
                                                LoggingSection, ModelSection, OutputSection)
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.estimator import (cluster_hooks, fence, input_fn, precise_bn,
+from cifar10_estimator.training.estimator import (cluster_hooks, fence, input_fn, precise_bn,
                                          preemption_hooks, progress)
-from cifar10_estimator.estimator.exporter import AfterEvaluation
-from cifar10_estimator.estimator.model_fn import make_model_fn
+from cifar10_estimator.training.estimator.exporter import AfterEvaluation
+from cifar10_estimator.training.estimator.model_fn import make_model_fn
 from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.platform.session import session_config

@@ -43,7 +43,7 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints, networks, schedules, towers
-from cifar10_estimator.estimator.model_fn import make_model_fn
+from cifar10_estimator.training.estimator.model_fn import make_model_fn
 from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.platform.precision_probe import Machine

@@ -12,7 +12,7 @@ from typing import Optional
 from cifar10_estimator import storage
 from cifar10_estimator.serving.warmup import SERVING_MODEL_NAME
 from cifar10_estimator.training.end import TrainResult
-from cifar10_estimator.estimator.progress import format_duration
+from cifar10_estimator.training.estimator.progress import format_duration
 
 
 def run_summary(data_dir: str, job_dir: str, result: TrainResult, seconds: float
@@ -21,7 +21,7 @@ def run_summary(data_dir: str, job_dir: str, result: TrainResult, seconds: float
     that use what it wrote in ``job_dir`` from ``data_dir`` (predict, TF Serving,
     TensorBoard)."""
     lines = [_head(result, seconds)]
-    python = shlex.quote(sys.executable)
+    python, tensorboard = shlex.quote(sys.executable), _tool("tensorboard")
     if result.export_path:
         export = shlex.quote(result.export_path)
         lines.append(f"  SavedModel: {result.export_path}")
@@ -34,7 +34,7 @@ def run_summary(data_dir: str, job_dir: str, result: TrainResult, seconds: float
                      f"{shlex.quote(_base_path(result.export_path))}")
     if result.report_path:
         lines.append(f"  report:     {result.report_path}")
-    lines.append(f"  TensorBoard: {_tool('tensorboard')} --logdir {shlex.quote(job_dir)}")
+    lines.append(f"  TensorBoard: {tensorboard} --logdir {shlex.quote(job_dir)}")
     return lines
 
 

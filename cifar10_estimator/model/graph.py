@@ -1,12 +1,18 @@
-"""The Estimator ``model_fn``: towers, loss, optimizer and one update; predictions; metrics.
+"""The model's graph in training and evaluation: towers, loss, one update, metrics.
 
-``make_model_fn(ModelSettings(...))`` returns a ``model_fn(features, labels, mode)``. It reads
-top down by mode: the towers build logits (and, with labels, each tower's loss and gradients);
-PREDICT returns the predictions; EVAL adds the metrics (``metrics``); TRAIN averages the towers'
-gradients and applies one momentum update, through ``SyncReplicasOptimizer`` with ``sync``.
+TensorFlow graph code that knows nothing of Estimator: the Estimator-facing model_fn
+(``training.estimator.model_fn``) calls it and wraps what it builds into ``EstimatorSpec``s;
+the precision probe times its update through that model_fn. ``build_towers`` places one tower
+per device on its shard of the batch (or this replica's under a tf.distribute strategy), each
+with its logits and, with labels, its loss and gradients; ``outputs`` joins the towers'
+predictions, ``loss`` their mean loss, ``eval_metrics`` the evaluation's metrics, and ``train``
+averages the towers' gradients into one momentum update (through ``SyncReplicasOptimizer`` with
+``sync_replicas``), all on the consolidation device (``consolidation_device``).
 
 The loss and the learning rate get fixed names (``LOSS_TENSOR``, ``LEARNING_RATE_TENSOR``) so
-that hooks outside the model (the trainer's progress lines) can fetch them.
+that hooks outside the model (the trainer's progress lines) can fetch them; precise batch
+norm finds its feed and updates in two graph collections (``PRECISE_BN_COUNT``,
+``PRECISE_BN_UPDATES``).
 """
 
 import dataclasses
@@ -16,26 +22,24 @@ from typing import Optional
 import tensorflow as tf
 
 from cifar10_estimator.data import pipeline
-from cifar10_estimator.estimator import sync_replicas
 from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules, towers,
                                      whitening)
 from cifar10_estimator.model.settings import NAN_LOSS_MESSAGE, ModelSettings
 
 log = logging.getLogger("cifar10_estimator")
 
-PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 # Tensors are named *_value so that the summaries (and Estimator's own "loss") get the plain
 # tags: an op named "loss" would turn the summary's tag into "loss_1".
 LOSS_TENSOR = "loss_value:0"
 LEARNING_RATE_TENSOR = "learning_rate_value:0"
-# Precise batch norm (estimator.precise_bn) finds what it runs in these graph collections: the
-# batch count it feeds, and tower 0's moving-statistics updates.
+# Precise batch norm (training.estimator.precise_bn) finds what it runs in these graph
+# collections: the batch count it feeds, and tower 0's moving-statistics updates.
 PRECISE_BN_COUNT = "precise_batch_norm_count"
 PRECISE_BN_UPDATES = "precise_batch_norm_updates"
 
 
 @dataclasses.dataclass
-class _Towers:
+class Towers:
     """What the towers built: logits always; with labels, losses and gradients."""
 
     logits: list = dataclasses.field(default_factory=list)
@@ -106,23 +110,25 @@ def _tower(images, labels, is_training, s: ModelSettings, bn_decay):
     return logits, xent, l2
 
 
-def _replicas() -> int:
-    """Replicas of a tf.distribute strategy whose replica this model_fn call builds (Estimator
-    calls it once per replica under ``train_distribute``); 0 outside a strategy."""
+def _replica_count() -> int:
+    """Replicas of a tf.distribute strategy whose replica this graph is built for (Estimator
+    calls the model_fn once per replica under ``train_distribute``); 0 outside a strategy."""
     if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
         return 0
     return tf.distribute.get_replica_context().num_replicas_in_sync
 
 
-def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
+def build_towers(images, labels, s: ModelSettings, *, training: bool, predicting: bool
+                 ) -> Towers:
     """One tower per device on its shard of the batch, sharing variables; under a
     tf.distribute strategy, this replica's one tower on its own batch (the strategy places it,
     and all-reduces the gradients)."""
-    is_training = mode == tf.estimator.ModeKeys.TRAIN
-    replicas = _replicas()
+    is_training = training
+    if is_training:
+        images = _sized_for_step(images, s)
+    replicas = _replica_count()
     # Serving and prediction use one tower on the first device: requests have any size.
-    devices = (list(s.devices) if mode != tf.estimator.ModeKeys.PREDICT and not replicas
-               else [s.devices[0]])
+    devices = list(s.devices) if not predicting and not replicas else [s.devices[0]]
     setters = ([lambda op: op.device or ""] if replicas else
                towers.make_device_setters(devices, s.variable_strategy))
     image_shards = towers.split_batch(images, len(devices))
@@ -139,7 +145,7 @@ def _build_towers(images, labels, mode, s: ModelSettings) -> _Towers:
             count = tf.compat.v1.placeholder_with_default(-1.0, [], name=PRECISE_BN_COUNT)
             tf.compat.v1.add_to_collection(PRECISE_BN_COUNT, count)
             bn_decay = tf.where(count >= 0, count / (count + 1.0), scheduled)
-    built = _Towers()
+    built = Towers()
     for i, (setter, x, y) in enumerate(zip(setters, image_shards, label_shards)):
         with tf.compat.v1.variable_scope(networks.SCOPES[s.model.model],
                                          reuse=True if i > 0 else None), \
@@ -182,22 +188,13 @@ def moving_average(s: ModelSettings, global_step=None
                                                        num_updates=global_step)
 
 
-def _averaged_weights_scaffold(s: ModelSettings) -> Optional[tf.compat.v1.train.Scaffold]:
-    """Evaluation and prediction read the averaged weights into the model's variables (as the
-    original CIFAR-10 tutorial's cifar10_eval.py did); None without an average."""
-    average = moving_average(s)
-    if average is None:
-        return None
-    return tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver(
-        average.variables_to_restore(), sharded=True))
-
-
-def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings):
+def _train_op(built: Towers, loss_value, learning_rate, global_step, s: ModelSettings):
     """One optimizer update from the towers' averaged gradients (then the weights' moving
-    average, if on); and the hooks it needs."""
+    average, if on); and the ``SyncReplicasOptimizer`` whose hook the session needs (None
+    without ``sync_replicas``)."""
     optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, s.optimizer.momentum,
                                                      use_nesterov=s.optimizer.nesterov)
-    hooks = []
+    synced = None
     average = moving_average(s, global_step)
     weights = tf.compat.v1.trainable_variables()
     if s.sync_replicas:
@@ -207,17 +204,13 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
             variable_averages=average, variables_to_average=weights if average else None)
         log.info("synchronous updates: SyncReplicasOptimizer with replicas_to_aggregate=%d",
                  s.num_workers)
-        # Every worker needs the hook (the chief's also applies the aggregated gradients).
-        # No initial tokens: TensorFlow's default puts one per replica in the queue, which
-        # lets a chief that starts first fill the first steps with its own gradients alone;
-        # with none, step 1 waits for every worker.
-        hooks.append(sync_replicas.sync_replicas_hook(optimizer, s.is_chief, num_tokens=0))
+        synced = optimizer
     gradvars = _batch_norm_rates(towers.average_gradients(built.grads), s)
     # A NaN or infinite loss fails the step before the update is applied, so the variables
     # (and every checkpoint saved later) keep their last finite values. Estimator's own
     # NanTensorHook checks only after the step, when the chief's checkpoint hook (which runs
     # first) may already have saved the NaN weights.
-    with tf.control_dependencies([tf.debugging.check_numerics(loss, NAN_LOSS_MESSAGE)]):
+    with tf.control_dependencies([tf.debugging.check_numerics(loss_value, NAN_LOSS_MESSAGE)]):
         apply_op = optimizer.apply_gradients(gradvars, global_step=global_step)
     if s.optimizer.lookahead_steps:
         apply_op = lookahead.step(apply_op, weights, global_step, s.optimizer.lookahead_steps,
@@ -225,7 +218,7 @@ def _train_op(built: _Towers, loss, learning_rate, global_step, s: ModelSettings
     if average is not None and not s.sync_replicas:
         with tf.control_dependencies([apply_op]):  # the average of the updated weights
             apply_op = average.apply(weights)
-    return tf.group(apply_op, *built.update_ops), hooks
+    return tf.group(apply_op, *built.update_ops), synced
 
 
 def _batch_norm_rates(gradvars, s: ModelSettings):
@@ -239,7 +232,59 @@ def _batch_norm_rates(gradvars, s: ModelSettings):
             for g, v in gradvars]
 
 
-def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelSettings):
+
+def consolidation_device(s: ModelSettings) -> str:
+    """Where the towers' results meet (their predictions, the mean loss, the update, the
+    metrics): the variables' device for towers; under a tf.distribute strategy the strategy
+    places them ("")."""
+    return "" if _replica_count() else towers.consolidation_device(s.variable_strategy,
+                                                                     s.devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """The towers' predictions, joined."""
+
+    logits: tf.Tensor
+    classes: tf.Tensor
+    predictions: dict  # classes and probabilities, as served
+
+
+def outputs(built: Towers) -> Outputs:
+    """The towers' logits joined, the top classes and the probabilities (call it on the
+    consolidation device)."""
+    logits = tf.concat(built.logits, axis=0) if len(built.logits) > 1 else built.logits[0]
+    classes = tf.argmax(logits, axis=1, name="classes")
+    return Outputs(logits, classes, {"classes": classes,
+                                     "probabilities": tf.nn.softmax(logits, name="probabilities")})
+
+
+def loss(built: Towers) -> tf.Tensor:
+    """The towers' mean loss, named ``LOSS_TENSOR``."""
+    return tf.reduce_mean(built.losses, name=LOSS_TENSOR.split(":")[0])
+
+
+def eval_metrics(built: Towers, labels, classes, weight, s: ModelSettings) -> dict:
+    """The evaluation's metrics (``metrics.eval_metrics``) of the towers' predictions, each
+    example weighted by ``weight`` (the padding of a partial last batch weighs 0)."""
+    return metrics.eval_metrics(labels, classes, tf.concat(built.cross_entropy, axis=0),
+                                weight, s.class_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """One training step's op, the loss Estimator logs, and the ``SyncReplicasOptimizer`` whose
+    hook the session needs (None without ``sync_replicas``)."""
+
+    op: tf.Operation
+    loss: tf.Tensor
+    sync_optimizer: Optional[tf.compat.v1.train.SyncReplicasOptimizer]
+
+
+def train(built: Towers, labels, classes, loss_value, s: ModelSettings) -> Update:
+    """The learning rate at the global step (named ``LEARNING_RATE_TENSOR``), the training
+    summaries, and one update from the towers' averaged gradients (call it on the
+    consolidation device)."""
     global_step = tf.compat.v1.train.get_or_create_global_step()
     learning_rate = tf.identity(
         schedules.learning_rate(global_step, s.schedule),
@@ -253,50 +298,7 @@ def _training_spec(built: _Towers, labels, classes, loss, predictions, s: ModelS
     # The two parts of the loss (tower 0's weight decay: the same in every tower).
     tf.compat.v1.summary.scalar("cross_entropy", cross_entropy)
     tf.compat.v1.summary.scalar("weight_decay", built.weight_decay[0])
-    train_op, hooks = _train_op(built, loss, learning_rate, global_step, s)
+    op, synced = _train_op(built, loss_value, learning_rate, global_step, s)
     # Under a strategy Estimator logs the SUM of the replicas' losses: each gives its share.
-    replicas = _replicas()
-    return tf.estimator.EstimatorSpec(tf.estimator.ModeKeys.TRAIN, predictions=predictions,
-                                      loss=loss / replicas if replicas else loss,
-                                      train_op=train_op, training_hooks=hooks)
-
-
-def make_model_fn(s: ModelSettings):
-    """Returns the Estimator model_fn for these settings."""
-
-    # Under a tf.distribute strategy Estimator converts the model_fn with autograph: a rewrite
-    # of the network's source (seconds per graph, docs/performance.md "End of training")
-    # that finds nothing to convert, as every branch here is on Python values, and would try
-    # (and warn about) converting the file checks and metadata reads.
-    @tf.autograph.experimental.do_not_convert
-    def build(features, labels, mode):
-        images = features["image"] if isinstance(features, dict) else features
-        if mode == tf.estimator.ModeKeys.TRAIN:
-            images = _sized_for_step(images, s)
-        built = _build_towers(images, labels, mode, s)
-        with tf.compat.v1.device("" if _replicas() else towers.consolidation_device(
-                s.variable_strategy, s.devices)):
-            logits = tf.concat(built.logits, axis=0) if len(built.logits) > 1 else built.logits[0]
-            classes = tf.argmax(logits, axis=1, name="classes")
-            predictions = {"classes": classes,
-                           "probabilities": tf.nn.softmax(logits, name="probabilities")}
-            if mode == tf.estimator.ModeKeys.PREDICT:
-                return tf.estimator.EstimatorSpec(
-                    mode, predictions=predictions, scaffold=_averaged_weights_scaffold(s),
-                    export_outputs={PREDICT_SIGNATURE:
-                                    tf.estimator.export.PredictOutput(predictions)})
-            loss = tf.reduce_mean(built.losses, name=LOSS_TENSOR.split(":")[0])
-            if mode == tf.estimator.ModeKeys.EVAL:
-                weight = features.get("weight") if isinstance(features, dict) else None
-                return tf.estimator.EstimatorSpec(
-                    mode, predictions=predictions, loss=loss,
-                    scaffold=_averaged_weights_scaffold(s),
-                    eval_metric_ops=metrics.eval_metrics(
-                        labels, classes, tf.concat(built.cross_entropy, axis=0), weight,
-                        s.class_names))
-            return _training_spec(built, labels, classes, loss, predictions, s)
-
-    def model_fn(features, labels, mode):  # the argument names Estimator checks for
-        return build(features, labels, mode)
-
-    return model_fn
+    replicas = _replica_count()
+    return Update(op, loss_value / replicas if replicas else loss_value, synced)

@@ -14,7 +14,7 @@ by one worker's batch, wrong by the number of workers in both modes). On the chi
 writes ``images_per_sec`` and ``global_step/sec`` to TensorBoard every ``summary_steps``. At
 the end each task logs how many steps it ran itself and its mean rate.
 
-The hook finds the loss and the learning rate by the names the ``model_fn`` gives them, so the
+The hook finds the loss and the learning rate by the names ``model.graph`` gives them, so the
 model needs to know nothing of progress reporting.
 """
 
@@ -25,7 +25,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from cifar10_estimator.estimator import model_fn
+from cifar10_estimator.model import graph as model_graph
 
 log = logging.getLogger("cifar10_estimator")
 # Seconds from the first (timed) step to the first line.
@@ -92,8 +92,8 @@ class ProgressHook(tf.estimator.SessionRunHook):
             raise RuntimeError("ProgressHook needs a global step")
         graph = tf.compat.v1.get_default_graph()
         self._fetches = {"step": step,
-                         "loss": graph.get_tensor_by_name(model_fn.LOSS_TENSOR),
-                         "lr": graph.get_tensor_by_name(model_fn.LEARNING_RATE_TENSOR)}
+                         "loss": graph.get_tensor_by_name(model_graph.LOSS_TENSOR),
+                         "lr": graph.get_tensor_by_name(model_graph.LEARNING_RATE_TENSOR)}
         self._local_steps = 0
         self._lines = 0
         self._first = None  # (time, local steps, global step) after the first step

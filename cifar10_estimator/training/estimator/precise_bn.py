@@ -7,7 +7,7 @@ carry their start values (Wu and Johnson 2021, "Rethinking 'Batch' in BatchNorm"
 arXiv:2105.07576, section 3). Before a checkpoint is written, ``PreciseBatchNorm`` runs
 the network in training mode over ``batches`` training batches, without updating the weights,
 and sets each statistic to the plain mean of the batches' values: the model_fn's decay becomes
-k / (k + 1) at batch k (``model_fn.PRECISE_BN_COUNT``). The evaluations, the evaluator task and
+k / (k + 1) at batch k (``model.graph.PRECISE_BN_COUNT``). The evaluations, the evaluator task and
 the export all read the checkpoints.
 
 It runs in the chief's checkpoint hook, in the training session right before every save but
@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from cifar10_estimator.estimator.model_fn import PRECISE_BN_COUNT, PRECISE_BN_UPDATES
+from cifar10_estimator.model.graph import PRECISE_BN_COUNT, PRECISE_BN_UPDATES
 
 log = logging.getLogger("cifar10_estimator")
 # The batch-norm statistics' variable names end so (model.resnet).
