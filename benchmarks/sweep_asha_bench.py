@@ -5,20 +5,23 @@ Each repetition draws ``--trials`` trials at random (``--search random``, the re
 from a learning rate and a weight decay on log scales, and runs them twice through the sweep
 command, as a user would: with ``--scheduler asha --grace-epochs 1`` (every trainer checkpoints
 and evaluates once an epoch, which the sweep sets), and without a scheduler (the trainers' own
-defaults: one evaluation, at the end). Each Ray node offers one CPU and each trial asks for one,
-so two trials run at once, one per core. Reported per run: the trials stopped early, the
+defaults: one evaluation, at the end). Both rank the trials by ``--metric`` (accuracy, the
+sweep's default; ``cross_entropy`` tells apart trials that the sample data's easy pictures
+bring level at 100 %, which ASHA keeps). Each Ray node offers one CPU and each trial asks for
+one, so two trials run at once, one per core. Reported per run: the trials stopped early, the
 trial-seconds (the sum of the trials' wall times, ``sweep.json``'s ``secs``: what a cluster
-bills), the sweep's wall time, the best finished trial's accuracy, and whether the run to the
-end's best trial was kept to its end by ASHA. The last lines give the medians over the
-repetitions and the ratio of the trial-seconds.
+bills), the sweep's wall time, the best trial's accuracy, and whether the run to the end's
+best trial was kept to its end by ASHA. The last lines give the medians over the repetitions,
+the ratio of the trial-seconds, and a trial's median seconds by how it ended.
 
     .venv/bin/python benchmarks/sweep_asha_bench.py --reps 3
 
 The data is the built-in sample data (``--sample-size`` pictures per batch file: 4 train files,
 so 4 x that many training pictures), the network ResNet-8. A trial's fixed cost (TensorFlow's
-start, the graph, the final export) does not shrink when ASHA stops it, so the saving grows with
-the epoch's length against it: the default sample size makes an epoch take about twice the
-fixed cost on one core of a Zen 5.
+start, the graph, an evaluation, the save or the export) does not shrink when ASHA stops it, so
+the saving grows with the epoch's length against it: the default sample size (20,000 training
+pictures) makes an epoch take about 15 s on one core of a Zen 5, twice that fixed cost
+(docs/performance.md, "Early stopping with ASHA").
 """
 
 import argparse
@@ -91,7 +94,7 @@ def sweep(address: str, sweep_dir: str, data_dir: str, args, seed: int, asha: bo
     command = [sys.executable, "-m", "cifar10_estimator.sweep", "--ray", address,
                "--sweep-dir", sweep_dir, "--search", "random", "--num-trials", str(args.trials),
                "--seed", str(seed), *[t for spec in SPACE for t in ("--vary", spec)],
-               "--cpus-per-trial", "1",
+               "--cpus-per-trial", "1", "--metric", args.metric,
                *(["--scheduler", "asha", "--grace-epochs", "1"] if asha else []), "--",
                "--data-dir", data_dir, "--num-layers", "8", "--train-batch-size",
                str(args.batch), "--train-epochs", str(args.epochs), "--precise-bn-batches",
@@ -104,12 +107,21 @@ def sweep(address: str, sweep_dir: str, data_dir: str, args, seed: int, asha: bo
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
         record = json.load(f)
     trials = record["trials"]
-    finished = [t for t in trials if t["status"] == "finished"]
-    best = max(finished, key=lambda t: t["value"])
+    best = next(t for t in trials if t["name"] == record["best"])
     return {"wall": wall, "trial_secs": sum(t["secs"] or 0 for t in trials),
             "stopped": sum(t["status"] == "stopped" for t in trials), "best": best["name"],
-            "best_accuracy": best["value"],
-            "status": {t["name"]: t["status"] for t in trials}}
+            "best_accuracy": best["metrics"]["accuracy"],
+            "status": {t["name"]: t["status"] for t in trials},
+            "secs_by_end": [(_ended(t, asha), t["secs"]) for t in trials]}
+
+
+def _ended(trial: dict, asha: bool) -> str:
+    """How a trial ended, for the per-trial medians."""
+    if not asha:
+        return "to the end, one evaluation"
+    if trial["status"] == "stopped":
+        return f"stopped at epoch {trial['epochs']:g}"
+    return "kept to the end by ASHA"
 
 
 def main() -> None:
@@ -118,7 +130,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--sample-size", type=int, default=1500,
+    parser.add_argument("--metric", default="accuracy",
+                        help="what ranks the trials (the sweep's --metric)")
+    parser.add_argument("--sample-size", type=int, default=5000,
                         help="pictures per sample batch file (4 train files)")
     parser.add_argument("--work", default=None, help="folder for the data and the sweeps "
                                                      "(default: a temporary one, removed)")
@@ -159,7 +173,7 @@ def main() -> None:
         return statistics.median(f[key] for _, a, f in rows if a == asha)
 
     print(f"medians over {args.reps} repetitions ({args.trials} trials, ResNet-8, "
-          f"{args.epochs} epochs, batch {args.batch}):")
+          f"{args.epochs} epochs, batch {args.batch}, ranked by {args.metric}):")
     for asha in (True, False):
         print(f"  {'ASHA (grace 1)' if asha else 'to the end':15} stopped "
               f"{median(asha, 'stopped'):.0f}, trial-seconds {median(asha, 'trial_secs'):.0f}, "
@@ -168,6 +182,12 @@ def main() -> None:
     ratios = [a[2]["trial_secs"] / f[2]["trial_secs"] for a, f in zip(rows[::2], rows[1::2])]
     print(f"  trial-seconds ASHA / to the end: median {statistics.median(ratios):.2f} "
           f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    by_end: dict[str, list[float]] = {}
+    for _, _, figures in rows:
+        for end, secs in figures["secs_by_end"]:
+            by_end.setdefault(end, []).append(secs)
+    for end, secs in sorted(by_end.items()):
+        print(f"  a trial {end}: median {statistics.median(secs):.0f} s ({len(secs)} trials)")
 
 
 if __name__ == "__main__":
