@@ -123,8 +123,7 @@ def build_towers(images, labels, s: ModelSettings, *, training: bool, predicting
     """One tower per device on its shard of the batch, sharing variables; under a
     tf.distribute strategy, this replica's one tower on its own batch (the strategy places it,
     and all-reduces the gradients)."""
-    is_training = training
-    if is_training:
+    if training:
         images = _sized_for_step(images, s)
     replicas = _replica_count()
     # Serving and prediction use one tower on the first device: requests have any size.
@@ -135,7 +134,7 @@ def build_towers(images, labels, s: ModelSettings, *, training: bool, predicting
     label_shards = (towers.split_batch(labels, len(devices)) if labels is not None
                     else [None] * len(devices))
     bn_decay = s.model.batch_norm_decay
-    if is_training:
+    if training:
         with tf.compat.v1.device("" if replicas else towers.consolidation_device(
                 s.variable_strategy, devices)):
             scheduled = schedules.batch_norm_decay_schedule(
@@ -150,7 +149,7 @@ def build_towers(images, labels, s: ModelSettings, *, training: bool, predicting
         with tf.compat.v1.variable_scope(networks.SCOPES[s.model.model],
                                          reuse=True if i > 0 else None), \
                 tf.name_scope(f"tower_{i}") as scope, tf.compat.v1.device(setter):
-            logits, xent, l2 = _tower(x, y, is_training, s, bn_decay)
+            logits, xent, l2 = _tower(x, y, training, s, bn_decay)
             built.logits.append(logits)
             if xent is None:
                 continue
@@ -158,7 +157,7 @@ def build_towers(images, labels, s: ModelSettings, *, training: bool, predicting
             built.cross_entropy.append(xent)
             built.weight_decay.append(l2)
             built.losses.append(loss)
-            if is_training:
+            if training:
                 params = tf.compat.v1.trainable_variables()
                 # A strategy SUMs the replicas' gradients (the optimizer's all-reduce): each
                 # replica's share of the mean loss is its loss over the replica count.

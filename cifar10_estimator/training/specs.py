@@ -1,5 +1,5 @@
 """What ``tf.estimator.train_and_evaluate`` is given for a started task: the ``RunConfig``, the
-``TrainSpec`` and ``EvalSpec``, assembled from the Estimator-facing room's parts (``estimator``:
+``TrainSpec`` and ``EvalSpec``, assembled from the Estimator-facing room's parts (``training.estimator``:
 the model_fn, the input functions, the hooks of progress, preemption, the job dir's lock,
 precise batch norm and a cluster's watchdogs, the exporter after each evaluation), read from the
 task's plan and the sections of the settings each of them needs."""
@@ -15,8 +15,8 @@ from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
                                                LoggingSection, ModelSection, OutputSection)
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.training.estimator import (cluster_hooks, fence, input_fn, precise_bn,
-                                         preemption_hooks, progress)
+from cifar10_estimator.training.estimator import (cluster_hooks, fence, input_fn,
+                                                  precise_bn, preemption_hooks, progress)
 from cifar10_estimator.training.estimator.exporter import AfterEvaluation
 from cifar10_estimator.training.estimator.model_fn import make_model_fn
 from cifar10_estimator.model import checkpoints

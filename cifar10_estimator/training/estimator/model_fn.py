@@ -7,7 +7,6 @@ adds the metrics and, with a weights' moving average, reads the averaged weights
 one update, and the ``SyncReplicasOptimizer``'s hook with ``sync_replicas``.
 """
 
-import logging
 from typing import Optional
 
 import tensorflow as tf
@@ -15,8 +14,6 @@ import tensorflow as tf
 from cifar10_estimator.model import graph
 from cifar10_estimator.model.settings import ModelSettings
 from cifar10_estimator.training.estimator import sync_replicas
-
-log = logging.getLogger("cifar10_estimator")
 
 PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 
