@@ -44,10 +44,12 @@ next run. ``--per-class`` takes the first N training pictures of each class (1,0
 10,000-picture training set). ``--split validation`` evaluates on the last 1,000 training
 pictures of each class instead of the test pictures, and trains on at most the 5,000 before
 them: the split to choose values on; ``--split test`` (the default) is for reporting.
-``--split holdout`` (``--per-class`` at most 4,000) evaluates on the 1,000 training pictures of
+``--split holdout`` (``--per-class`` at most 5,000) evaluates on as many training pictures of
 each class after the first ``--per-class``: pictures that neither the validation runs choose on
 nor the test split's readings have seen, to read a choice once more after the test split has
-been read many times.
+been read many times. Above 4,000 per class, fewer than 2,000 of a class's 6,000 are left, and
+each of the two splits holds half of those, at least 500 (``precise_bn_bench.held_out``; 50,000
+training pictures: 5,000 validation and 5,000 holdout pictures).
 
 Each run's job dir and log are kept in ``--work-dir``'s ``runs/KEY/ROW/seed-N``, where KEY names
 the pictures (size and split), the depth and the lengths (``runs_key``): an invocation on
@@ -671,9 +673,9 @@ def parse_args(argv=None):
     if "holdout" in (args.split, *args.reread) and (
             args.per_class is None or args.per_class > fashion_mnist.MAX_HOLDOUT_PER_CLASS):
         parser.error(f"--split/--reread holdout: --per-class at most "
-                     f"{fashion_mnist.MAX_HOLDOUT_PER_CLASS}, so that "
-                     f"{fashion_mnist.HELD_OUT:,} pictures of each class are left before the "
-                     f"validation split's")
+                     f"{fashion_mnist.MAX_HOLDOUT_PER_CLASS:,}, so that "
+                     f"{fashion_mnist.MIN_HELD_OUT:,} pictures of each class or more are left "
+                     f"before the validation split's")
     if args.reread:
         if any(row.base == "keras" for row in args.rows):
             parser.error("--reread: keras rows keep no job dir to evaluate; leave them out")

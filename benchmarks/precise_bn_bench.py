@@ -54,38 +54,50 @@ def check_source() -> None:
 
 
 # Training pictures per class in Fashion-MNIST (Xiao et al. 2017, arXiv:1708.07747); a
-# validation split holds out the last HELD_OUT of each class, a holdout split the HELD_OUT after
-# the first per_class (so it needs per_class + 2 x HELD_OUT <= TRAIN_PER_CLASS).
+# validation split holds out the last held_out(per_class) of each class, a holdout split as many
+# after the first per_class (so it needs per_class + 2 x held_out <= TRAIN_PER_CLASS). HELD_OUT
+# where the unused pictures allow it, down to MIN_HELD_OUT so that 50,000 training pictures
+# still leave two disjoint sets (issue 69: three splits at 40,000 and 50,000 pictures).
 TRAIN_PER_CLASS = 6_000
 HELD_OUT = 1_000
-MAX_HOLDOUT_PER_CLASS = TRAIN_PER_CLASS - 2 * HELD_OUT
+MIN_HELD_OUT = 500
+MAX_HOLDOUT_PER_CLASS = TRAIN_PER_CLASS - 2 * MIN_HELD_OUT
 # What the eval folder holds: the test pictures, the last training pictures of each class (for
 # choosing), or training pictures neither of those runs trains or chooses on (for reading once).
 EVAL_SPLITS = ("test", "validation", "holdout")
+
+
+def held_out(per_class: int | None) -> int:
+    """The pictures of each class that the validation split, and the holdout split, hold out
+    when ``per_class`` train (None: as many as the validation split leaves)."""
+    if per_class is None or per_class > MAX_HOLDOUT_PER_CLASS:
+        return HELD_OUT  # no room for a holdout split: the validation split as it always was
+    return min(HELD_OUT, (TRAIN_PER_CLASS - per_class) // 2)
 
 
 def eval_indices(labels: np.ndarray, label: int, per_class: int | None, split: str) -> np.ndarray:
     """The training-file indices of ``label``'s pictures in the eval folder of ``split``
     (validation or holdout)."""
     indices = np.flatnonzero(labels == label)
+    count = held_out(per_class)
     if split == "validation":
-        return indices[-HELD_OUT:]
+        return indices[-count:]
     assert per_class is not None and per_class <= MAX_HOLDOUT_PER_CLASS, per_class
-    return indices[per_class:per_class + HELD_OUT]
+    return indices[per_class:per_class + count]
 
 
 def write_image_folder(root: str, per_class: int | None, test_per_class: int | None,
                        split: str = "test") -> None:
     """Writes ``root/train/<class>/*.png`` and ``root/test/<class>/*.png``: the first
     ``per_class`` training and ``test_per_class`` test pictures of each class (None: all).
-    With ``split`` validation the test folder gets the last ``HELD_OUT`` training pictures of
-    each class instead, and the training folder at most the ones before them; with holdout, the
-    ``HELD_OUT`` training pictures after the first ``per_class``."""
+    With ``split`` validation the test folder gets the last ``held_out(per_class)`` training
+    pictures of each class instead, and the training folder at most the ones before them; with
+    holdout, as many training pictures after the first ``per_class``."""
     from PIL import Image
 
     train_count = per_class
     if split == "validation":
-        train_count = min(per_class or TRAIN_PER_CLASS, TRAIN_PER_CLASS - HELD_OUT)
+        train_count = min(per_class or TRAIN_PER_CLASS, TRAIN_PER_CLASS - held_out(per_class))
     images = {prefix: (_idx(f"{prefix}-images-idx3-ubyte.gz"),
                        _idx(f"{prefix}-labels-idx1-ubyte.gz")) for prefix in ("train", "t10k")}
     for folder_split in ("train", "test"):
