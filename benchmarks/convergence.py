@@ -179,7 +179,7 @@ CANDIDATES = {
     "airbench-opt": ["--lr-schedule", "triangular", "--momentum", "0.85", "--nesterov", "true",
                      "--train-batch-size", "1024"],
     # airbench-opt keeps the recipe's peak, 0.4 at batch 128, which the rate's linear scaling
-    # makes 3.2 at 1024: it did not train (63 and 77 % on 40,000 pictures, docs/performance.md,
+    # makes 3.2 at 1024: it did not train (63 and 77 % on 40,000 pictures, docs/experiments.md,
     # "The sixth round"). airbench's own peak: main2_dirac.py's lr of 10 per 1024 examples,
     # divided by 1024 x (1 + 1 / (1 - 0.85)) and applied to the summed loss of a batch of 1024,
     # is 10 / 7.667 = 1.30 on the mean loss at 1024, which is 0.163 at batch 128
@@ -187,12 +187,12 @@ CANDIDATES = {
     "airbench-rate": ["--learning-rate", "0.163"],
     # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986): the first F of the run on
     # pictures scaled down to 24 pixels a side, where a step costs about 0.62 of a full-size
-    # one with oneDNN at AVX2 (docs/performance.md, "The sixth round"). The round's rows ran
+    # one with oneDNN at AVX2 (docs/experiments.md, "The sixth round"). The round's rows ran
     # as low-res-E, the first E epochs, with the flag's first form (--low-res-epochs, commit
     # ac5f5c6): low-res-1 and low-res-2 of 5 epochs are 0.2 and 0.4, low-res-3 of 5.5 is 0.545.
     # The round's sixth session's rows: 4 of 6 epochs (0.667), 5 of 7 (0.714), 7 of 9 (0.778),
     # the longer ones at smaller sizes (size-N: --low-res-size), whose step speeds at AVX2 are
-    # in docs/performance.md, "The sixth round". low-res-0: the recipe all at full size.
+    # in docs/experiments.md, "The sixth round". low-res-0: the recipe all at full size.
     **{f"low-res-{f:g}": ["--low-res-fraction", f"{f:g}"]
        for f in (0, 0.2, 0.4, 0.5, 0.545, 0.667, 0.714, 0.778)},
     **{f"size-{s}": ["--low-res-size", str(s)] for s in (16, 20)},

@@ -59,29 +59,29 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         "lr_schedule": "one-cycle",
         # Four times the tutorial's 0.1 at its batch of 128, scaled with the batch (Goyal et
         # al. 2017): 0.2 at batch 64. With Nesterov momentum it ended above the same run at
-        # half that peak after 4 epochs on 10,000 Fashion-MNIST pictures (docs/performance.md,
+        # half that peak after 4 epochs on 10,000 Fashion-MNIST pictures (docs/experiments.md,
         # "Choosing on a validation split", the third round).
         "learning_rate": 0.4,
         "lr_reference_batch": TUTORIAL_BATCH,
         # Sutskever et al. 2013 (ICML, section 3): the step looks ahead along the momentum.
         # It gave the largest gain of the changes tried on the validation split
-        # (docs/performance.md, "Choosing on a validation split", the third round).
+        # (docs/experiments.md, "Choosing on a validation split", the third round).
         "nesterov": True,
         # More, smaller steps: on 10,000 Fashion-MNIST pictures batch 64 was the only batch
         # that reached the paper recipe's accuracy within 6 epochs, and a 2-core CPU computes
-        # it at nearly the images/s of batch 256 (docs/performance.md, "Choosing on a
+        # it at nearly the images/s of batch 256 (docs/experiments.md, "Choosing on a
         # validation split", "The batch and the run length").
         "train_batch_size": TUTORIAL_BATCH // 2,
         # Szegedy et al. 2016 (arXiv:1512.00567, section 7): 0.1, as they used.
         "label_smoothing": 0.1,
         # He et al. 2019 (arXiv:1812.01187, section 3.1): the weight decay on the kernels only.
         # It let half an epoch less reach the paper recipe's median on 50,000 pictures (4.5 in
-        # RUN_LENGTHS), at no cost in time (docs/performance.md, "Choosing on a validation
+        # RUN_LENGTHS), at no cost in time (docs/experiments.md, "Choosing on a validation
         # split", the fourth round).
         "no_bias_decay": True,
         "precision": "auto",
         # The fast trainers' levers that lifted the recipe's validation median (airbench,
-        # Jordan 2024, arXiv:2404.00498; docs/performance.md, "The fifth round"): the frozen
+        # Jordan 2024, arXiv:2404.00498; docs/experiments.md, "The fifth round"): the frozen
         # whitening layer (+0.74 points), alternating flips (+0.17), batch-norm scales and
         # shifts at 4 times the rate (+0.09). Lookahead (-0.29) is left out; so are the
         # test-time views (+0.17 on the same weights), which cost 6 times the network's work
@@ -93,7 +93,7 @@ RECIPES: dict[str, Mapping[str, Any]] = {
         # airbench_ablations/main2_dirac.py): +0.17 points over the recipe's validation median
         # at 40,000 Fashion-MNIST pictures, the most of the sixth round's levers; its
         # triangular schedule (+0.08 alone) is left out, since with it the pair ended under
-        # the identity start alone (docs/performance.md, "The sixth round").
+        # the identity start alone (docs/experiments.md, "The sixth round").
         "dirac_init": True,
         # Progressive resizing (Hoffer et al. 2019, arXiv:1908.08986), its share of the run
         # following the training file's size (LOW_RES_SHARES).
@@ -106,7 +106,7 @@ RECIPES: dict[str, Mapping[str, Any]] = {
 # AVX2, so the run fits a third of the fair baseline's time there; of the rows that fit it on
 # 40,000 Fashion-MNIST pictures, the highest validation median (92.96 % against the baseline's
 # 92.83; 2 of 5 epochs, 92.85). 10,000: none, since there the same share ended 0.26 points
-# under the same run at full size over three splits (docs/performance.md, "The sixth round").
+# under the same run at full size over three splits (docs/experiments.md, "The sixth round").
 LOW_RES_SHARES: dict[str, tuple[tuple[int, float], ...]] = {
     "fast": ((10_000, 0.0), (40_000, 0.545)),
 }
@@ -119,7 +119,7 @@ LOW_RES_SHARES: dict[str, tuple[tuple[int, float], ...]] = {
 # size reached the baseline's median too but took 0.35 of its time. Over 30,000 pictures of
 # three splits it ends 0.16 points under the baseline; 6 full-size epochs reach it, in 0.41
 # of its time at AVX2. At 50,000 the same length ended 0.12 under on the test split, in 0.31
-# (docs/performance.md, "The sixth round"). 10,000: 4 epochs, which
+# (docs/experiments.md, "The sixth round"). 10,000: 4 epochs, which
 # reached the tutorial-proportioned paper recipe's median (the third round); against the fair
 # baseline 4 ended 0.58 points under it and no longer run was measured (the fifth round).
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
