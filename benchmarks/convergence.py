@@ -25,7 +25,10 @@ drifting machine affects them alike; each in its own process):
 - ``keras``: our ResNet built in Keras (``keras_resnet.build_resnet``) with the paper recipe:
   SGD with momentum 0.9, weight decay 2e-4, the same scaled piecewise schedule, batch 128,
   ``model.fit`` on the same records through the package's own input pipeline (same
-  augmentation).
+  augmentation). ``keras+he`` drops the rate at He et al.'s proportions of the run instead, as
+  ``he`` does: the peer of the fair baseline; ``+bf16`` trains it under Keras'
+  ``mixed_bfloat16`` policy (refused where our trainer refuses bf16), the peer of an ``he``
+  row whose ``--precision auto`` chose bf16 (its log's first lines say which).
 - ``tutorial``: the original tutorial's CNN, ``--model tutorial-cnn``, with its own defaults.
 
 A row followed by ``@AVX2`` runs with ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's AVX2 kernels, a
@@ -104,7 +107,7 @@ from machine import machine_line
 from cifar10_estimator import storage
 from cifar10_estimator.config import flags as trainer_flags
 from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
-from cifar10_estimator.config.settings import FIELDS, RESNET
+from cifar10_estimator.config.settings import FIELDS, HE_FACTORS, HE_FRACTIONS, RESNET
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import CPP_LOG_LEVEL_ENV, import_tensorflow_quietly
@@ -210,7 +213,12 @@ SUSPECTS = {
     "no-bias-decay": ["--no-bias-decay", "true"],
 }
 # The changes a row of each base may name.
-CHANGES = {"fast": CANDIDATES, "paper": SUSPECTS}
+# The Keras peer's changes, read by its own process (train_keras).
+KERAS_CHANGES = {
+    "he": ["--keras-schedule", "he"],
+    "bf16": ["--keras-precision", "bf16"],
+}
+CHANGES = {"fast": CANDIDATES, "paper": SUSPECTS, "keras": KERAS_CHANGES}
 DEFAULTS = {f.name: f.default for f in FIELDS}
 # The training images the tutorial's 80,000 steps were counted against: its hard-coded 45,000
 # (config/overlays.py's comment on the ResNet's train_steps; docs/training.md, "The learning-rate
@@ -298,7 +306,8 @@ def parse_row(spec: str) -> Row:
     if (base not in BASES or any(c not in known for c in changes)
             or (cap and cap != "AVX2")):
         raise UserError(f"--rows: unknown row {spec!r}; rows are {', '.join(BASES)}, "
-                        f"fast+{{{','.join(CANDIDATES)}}}, paper+{{{','.join(SUSPECTS)}}} "
+                        f"fast+{{{','.join(CANDIDATES)}}}, paper+{{{','.join(SUSPECTS)}}}, "
+                        f"keras+{{{','.join(KERAS_CHANGES)}}} "
                         f"(changes joined by +), each optionally followed by @AVX2")
     return Row(spec, base, tuple(changes), cap or None)
 
@@ -478,6 +487,7 @@ def make_run(row: Row, seed: int, args, data_dir: str, train_records: int) -> Ru
                    str(args.epochs), "--seeds", str(seed), "--lr-boundary-epochs", boundaries]
         if args.every_epoch:
             command.append("--every-epoch")
+        command += row.flags
         return Run(row.spec, seed, command, run_env(row), log,
                    epoch_steps(train_records, keras_resnet.BATCH_SIZE))
     if row.base == "tutorial":
@@ -515,6 +525,7 @@ def train_keras(args) -> int:
     """Trains our ResNet with Keras' ``model.fit`` and the paper recipe; prints the trainer's
     data line and a trainer-style evaluation line per evaluation, which the parent reads."""
     expected = keras_resnet.expected_params(args.depth)
+    keras_resnet.check_precision(args.keras_precision, onednn=True)  # as the trainer's commands
     prepare_process(os.environ)  # before TensorFlow loads, as our command lines do
     import_tensorflow_quietly()  # without its load-time C++ lines, as the trainer
     import tensorflow as tf
@@ -526,17 +537,27 @@ def train_keras(args) -> int:
     train = Cifar10DataSet(args.data_dir, "train")
     train_records = train.num_examples()
     steps_per_epoch = epoch_steps(train_records, keras_resnet.BATCH_SIZE)
-    boundary_epochs = [float(e) for e in args.lr_boundary_epochs.split(",")]
-    # As the trainer's piecewise schedule (model/schedules.py): int(steps per epoch x epoch),
-    # the rate times one factor per phase (ScheduleSection.lr_decay_factors: 1, 0.1, 0.01, 0.002).
-    boundaries = [int(steps_per_epoch * e) for e in boundary_epochs]
-    values = [keras_resnet.LEARNING_RATE * f for f in DEFAULTS["lr_decay_factors"]]
+    if args.keras_schedule == "he":
+        # As the trainer's he schedule (config/plan.py): int(total steps x fraction), the rate
+        # times HE_FACTORS.
+        total_steps = args.epochs * steps_per_epoch
+        boundaries = [int(total_steps * f) for f in HE_FRACTIONS]
+        values = [keras_resnet.LEARNING_RATE * f for f in HE_FACTORS]
+    else:
+        boundary_epochs = [float(e) for e in args.lr_boundary_epochs.split(",")]
+        # As the trainer's piecewise schedule (model/schedules.py): int(steps per epoch x
+        # epoch), the rate times one factor per phase (ScheduleSection.lr_decay_factors: 1,
+        # 0.1, 0.01, 0.002).
+        boundaries = [int(steps_per_epoch * e) for e in boundary_epochs]
+        values = [keras_resnet.LEARNING_RATE * f for f in DEFAULTS["lr_decay_factors"]]
     schedule = tf.keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
     print(f"Keras ResNet-{args.depth}; {train_records} train records, {steps_per_epoch} steps "
           f"per epoch, {args.epochs * steps_per_epoch} steps in all; learning rate "
-          f"{', '.join(f'{v:g}' for v in values)} changing at steps {boundaries}", flush=True)
+          f"{', '.join(f'{v:g}' for v in values)} changing at steps {boundaries}; "
+          f"{args.keras_precision}", flush=True)
 
-    model = keras_resnet.build_resnet(args.depth, input_dtype="float32",
+    model = keras_resnet.build_resnet(args.depth, precision=args.keras_precision,
+                                      input_dtype="float32",
                                       weight_decay=keras_resnet.WEIGHT_DECAY)
     params = keras_resnet.trainable_params(model)
     if params != expected:
@@ -651,6 +672,10 @@ def parse_args(argv=None):
     parser.add_argument("--_keras-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     parser.add_argument("--lr-boundary-epochs", help=argparse.SUPPRESS)
+    parser.add_argument("--keras-schedule", choices=("paper", "he"), default="paper",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--keras-precision", choices=tuple(keras_resnet.POLICIES),
+                        default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._keras_run:
         return args
@@ -676,6 +701,10 @@ def parse_args(argv=None):
                      f"{fashion_mnist.MAX_HOLDOUT_PER_CLASS:,}, so that "
                      f"{fashion_mnist.MIN_HELD_OUT:,} pictures of each class or more are left "
                      f"before the validation split's")
+    for row in args.rows:
+        if row.base == "keras" and "bf16" in row.changes and row.cap:
+            parser.error(f"--rows {row.spec}: bf16 under oneDNN's {row.cap} cap has no native "
+                         f"kernels (our trainer refuses it too); drop +bf16 or @{row.cap}")
     if args.reread:
         if any(row.base == "keras" for row in args.rows):
             parser.error("--reread: keras rows keep no job dir to evaluate; leave them out")
