@@ -332,7 +332,9 @@ def test_the_low_res_steps_are_the_fraction_of_the_plans_steps():
     assert settings.low_res_steps == 18  # 0.375 of 4 epochs of 96 / 8 = 12 steps
 
 
-def test_the_fast_recipes_share_of_small_pictures_follows_the_training_files_size(tmp_path):
+def test_the_fast_recipes_share_of_small_pictures_follows_the_training_files_size(
+        tmp_path, monkeypatch):
+    from cifar10_estimator.config import overlays
     from cifar10_estimator.config.role import Role
     from cifar10_estimator.jobdir import settings_record
     from cifar10_estimator.training import start
@@ -352,14 +354,20 @@ def test_the_fast_recipes_share_of_small_pictures_follows_the_training_files_siz
         return settings_record.of_plan(resolved, config.flat())
 
     config = with_settings(40_000)[0]
+    # Today's recipe: 6 epochs of 625 steps at 40,000 records, all at full size.
+    today = planned(40_000)
+    assert (today.train_steps, today.low_res_fraction, today.low_res_steps) == (3750, 0.0, 0)
+    assert "pixels" not in start._plan_line(today, config.model, "fast")
 
+    # A share per size, as the sixth round's table had it (0.545 from 40,000 records).
+    monkeypatch.setitem(overlays.LOW_RES_SHARES, "fast", ((10_000, 0.0), (40_000, 0.545)))
     small, between, large = planned(10_000), planned(20_000), planned(40_000)
     assert (small.low_res_fraction, small.low_res_steps) == (0.0, 0)
     assert 0 < between.low_res_fraction < large.low_res_fraction == 0.545
-    # 5.5 epochs of 625 steps: the first 0.545 of the 3,438 steps at 24 pixels.
-    assert (large.train_steps, large.low_res_steps) == (3438, 1873)
-    assert model_fn.ModelSettings.of(large, config.model, None).low_res_steps == 1873
-    assert "the first 1873 steps (0.545 of the run, the fast recipe's share for 40,000 " \
+    # 6 epochs of 625 steps: the first 0.545 of the 3,750 steps at 24 pixels.
+    assert (large.train_steps, large.low_res_steps) == (3750, 2043)
+    assert model_fn.ModelSettings.of(large, config.model, None).low_res_steps == 2043
+    assert "the first 2043 steps (0.545 of the run, the fast recipe's share for 40,000 " \
            "records) at 24 pixels" in start._plan_line(large, config.model, "fast")
     assert "pixels" not in start._plan_line(small, config.model, "fast")
     given = planned(10_000, "--low-res-fraction", "0.25")
@@ -378,7 +386,7 @@ def test_the_fast_recipes_share_of_small_pictures_follows_the_training_files_siz
     with pytest.raises(UserError, match=r"--low-res-fraction 0\.545 \(now 0\)"):
         settings_record.check(job_dir, recorded(10_000), is_chief=True)
     settings_record.check(job_dir, recorded(  # the recorded share and length
-        10_000, "--low-res-fraction", "0.545", "--train-steps", "3438"), is_chief=True)
+        10_000, "--low-res-fraction", "0.545", "--train-steps", "3750"), is_chief=True)
 
 
 def test_a_low_res_fraction_of_the_whole_run_is_refused():
