@@ -126,8 +126,10 @@ def tiny_export(tiny_records, tmp_path_factory) -> str:
     data_dir, _ = tiny_records
 
     def build(folder: str) -> None:
+        # Seeded: the same network every run, so the tests that read its classes (the int8
+        # gate's needs more than two across brightness levels) do not hang on an unseeded draw.
         result = train.run(trainer_args(data_dir, os.path.join(folder, "job"), "--train-steps",
-                                        "3", "--eval-throttle-secs", "100000"))
+                                        "3", "--eval-throttle-secs", "100000", "--seed", "1"))
         with open(os.path.join(folder, "export-path"), "w") as f:  # job/export/<version>
             f.write(os.path.relpath(result.export_path, folder))
 
