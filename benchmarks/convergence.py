@@ -105,9 +105,10 @@ import precise_bn_bench as fashion_mnist
 from machine import machine_line
 
 from cifar10_estimator import storage
+from cifar10_estimator.config import plan
 from cifar10_estimator.config import flags as trainer_flags
 from cifar10_estimator.config.overlays import MODELS as MODEL_OVERLAYS
-from cifar10_estimator.config.settings import FIELDS, HE_FACTORS, HE_FRACTIONS, RESNET
+from cifar10_estimator.config.settings import FIELDS, HE_FACTORS, RESNET
 from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.logs import CPP_LOG_LEVEL_ENV, import_tensorflow_quietly
@@ -538,10 +539,8 @@ def train_keras(args) -> int:
     train_records = train.num_examples()
     steps_per_epoch = epoch_steps(train_records, keras_resnet.BATCH_SIZE)
     if args.keras_schedule == "he":
-        # As the trainer's he schedule (config/plan.py): int(total steps x fraction), the rate
-        # times HE_FACTORS.
-        total_steps = args.epochs * steps_per_epoch
-        boundaries = [int(total_steps * f) for f in HE_FRACTIONS]
+        # The trainer's he schedule (config/plan.py): its drops, the rate times HE_FACTORS.
+        boundaries = list(plan.he_boundaries(args.epochs * steps_per_epoch))
         values = [keras_resnet.LEARNING_RATE * f for f in HE_FACTORS]
     else:
         boundary_epochs = [float(e) for e in args.lr_boundary_epochs.split(",")]

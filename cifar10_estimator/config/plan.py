@@ -79,11 +79,12 @@ class Schedule:
     def with_length(self, total_steps: int) -> "Schedule":
         """This schedule over a run of ``total_steps`` global steps: ``he`` drops at its
         proportions of the new length; the others' boundaries are in epochs, which stay."""
-        boundaries = _he_boundaries(total_steps) if self.kind == "he" else self.boundaries
+        boundaries = he_boundaries(total_steps) if self.kind == "he" else self.boundaries
         return dataclasses.replace(self, total_steps=total_steps, boundaries=boundaries)
 
 
-def _he_boundaries(total_steps: int) -> tuple[int, ...]:
+def he_boundaries(total_steps: int) -> tuple[int, ...]:
+    """The global steps where an ``he`` schedule over ``total_steps`` drops (HE_FRACTIONS)."""
     return tuple(int(total_steps * f) for f in HE_FRACTIONS)
 
 
@@ -119,7 +120,7 @@ def schedule_of(params: ScheduleSection, steps_per_epoch: int, total_steps: int,
     if params.lr_reference_batch:
         peak = params.learning_rate * global_batch / params.lr_reference_batch
     if params.lr_schedule == "he":
-        boundaries, factors = _he_boundaries(total_steps), HE_FACTORS
+        boundaries, factors = he_boundaries(total_steps), HE_FACTORS
     else:
         boundaries = [int(steps_per_epoch * e) for e in params.lr_boundary_epochs]
         factors = params.lr_decay_factors
