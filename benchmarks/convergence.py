@@ -66,7 +66,9 @@ is ``--report`` with each run's final checkpoint evaluated once more, by the pac
 command, on each SPLIT's pictures (kept as ``reread-SPLIT.json`` in the run's folder): runs
 that trained on the same pictures read on the other splits without training again, each in a
 column of its own, and in an ``all`` column the accuracy over every split's pictures (a
-median over the seeds of each run's), which a gap narrower than one split's noise needs.
+median over the seeds of each run's), which a gap narrower than one split's noise needs. A
+Keras run keeps its final weights (``model.weights.h5``), which ``--reread`` evaluates in a
+Keras process of the Python that runs it: reread Keras rows with the Python that trained them.
 
 Printed: the machine, a line per run as it ends, then one table: per row the median final
 accuracy with its lowest and highest over the seeds (with ``--reread``, then the other splits'
@@ -419,8 +421,16 @@ def reread(run: Run, row: Row, data_dir: str, split: str, pictures: int) -> Run:
     folder = os.path.dirname(run.log)
     report = os.path.join(folder, f"reread-{split}.json")
     if not os.path.isfile(report):
-        command = [sys.executable, "-m", "cifar10_estimator.evaluate",
-                   os.path.join(folder, "job"), "--data-dir", data_dir, "--report", report]
+        if row.base == "keras":
+            # The Keras peer's final weights, read by a process like the one that trained them
+            # (the same Python: its Keras must read what it wrote).
+            command = [sys.executable, os.path.abspath(__file__), "--_keras-reread",
+                       "--data-dir", data_dir, "--depth", str(run_depth(run)),
+                       "--keras-weights", keras_weights(folder), "--keras-report", report,
+                       "--keras-step", str(run.final.step), *row.flags]
+        else:
+            command = [sys.executable, "-m", "cifar10_estimator.evaluate",
+                       os.path.join(folder, "job"), "--data-dir", data_dir, "--report", report]
         proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
                               env=run_env(row), stdin=subprocess.DEVNULL)
         if proc.returncode:
@@ -436,6 +446,16 @@ def reread(run: Run, row: Row, data_dir: str, split: str, pictures: int) -> Run:
     print(f"  {run.name}, seed {run.seed}: {100 * body['accuracy']:.2f} % on {split} "
           f"(report: {report})", flush=True)
     return run
+
+
+def keras_weights(folder: str) -> str:
+    """Where a Keras run in ``folder`` keeps its final weights (Keras 3 wants the suffix)."""
+    return os.path.join(folder, "model.weights.h5")
+
+
+def run_depth(run: Run) -> int:
+    """The ResNet depth a run's command trained."""
+    return int(run.command[run.command.index("--depth") + 1])
 
 
 def training_pictures(folder: str) -> str:
@@ -485,7 +505,8 @@ def make_run(row: Row, seed: int, args, data_dir: str, train_records: int) -> Ru
     if row.base == "keras":
         command = [sys.executable, os.path.abspath(__file__), "--_keras-run",
                    "--data-dir", data_dir, "--depth", str(args.depth), "--epochs",
-                   str(args.epochs), "--seeds", str(seed), "--lr-boundary-epochs", boundaries]
+                   str(args.epochs), "--seeds", str(seed), "--lr-boundary-epochs", boundaries,
+                   "--keras-weights", keras_weights(folder)]
         if args.every_epoch:
             command.append("--every-epoch")
         command += row.flags
@@ -522,13 +543,61 @@ def make_run(row: Row, seed: int, args, data_dir: str, train_records: int) -> Ru
 # The Keras run (in its own process: --_keras-run)
 
 
-def train_keras(args) -> int:
-    """Trains our ResNet with Keras' ``model.fit`` and the paper recipe; prints the trainer's
-    data line and a trainer-style evaluation line per evaluation, which the parent reads."""
+def keras_peer(args, learning_rate):
+    """Our ResNet built in Keras at ``args``' depth and precision, compiled as the peer trains
+    it (SGD with momentum at ``learning_rate``, a rate or a schedule)."""
+    import tensorflow as tf
+
     expected = keras_resnet.expected_params(args.depth)
+    model = keras_resnet.build_resnet(args.depth, precision=args.keras_precision,
+                                      input_dtype="float32",
+                                      weight_decay=keras_resnet.WEIGHT_DECAY)
+    params = keras_resnet.trainable_params(model)
+    if params != expected:
+        raise SystemExit(f"the Keras model has drifted from ours: {params:,} trainable "
+                         f"parameters, ours has {expected:,}")
+    model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate,
+                                                    momentum=keras_resnet.MOMENTUM),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  # weighted_metrics: Keras weighs only these by the sample weights, which
+                  # leave out the eval batches' padding rows (weight 0).
+                  weighted_metrics=[tf.keras.metrics.SparseCategoricalAccuracy("accuracy")])
+    return model
+
+
+def keras_evaluation(data_dir: str):
+    """``data_dir``'s eval file as the Keras peer reads it: (images, labels, weights)."""
+    from cifar10_estimator.data.pipeline import Cifar10DataSet
+
+    return Cifar10DataSet(data_dir, "eval").make_batch(EVAL_BATCH_SIZE).map(
+        lambda features, labels: (features["image"], labels, features["weight"]))
+
+
+def start_keras_process(args) -> None:
+    """A Keras peer's process, as the trainer's commands start: TensorFlow loaded quietly."""
     keras_resnet.check_precision(args.keras_precision, onednn=True)  # as the trainer's commands
     prepare_process(os.environ)  # before TensorFlow loads, as our command lines do
     import_tensorflow_quietly()  # without its load-time C++ lines, as the trainer
+
+
+def reread_keras(args) -> int:
+    """Evaluates a Keras run's final weights (``--keras-weights``) on ``--data-dir``'s eval
+    file; writes the accuracy to ``--keras-report`` as the evaluate command's report names it."""
+    start_keras_process(args)
+    model = keras_peer(args, 0.0)
+    model.load_weights(args.keras_weights)
+    figures = model.evaluate(keras_evaluation(args.data_dir), verbose=0, return_dict=True)
+    body = {"global_step": args.keras_step, "accuracy": figures["accuracy"],
+            "loss": figures["loss"]}
+    storage.write_bytes_atomic(args.keras_report, (json.dumps(body) + "\n").encode())
+    return 0
+
+
+def train_keras(args) -> int:
+    """Trains our ResNet with Keras' ``model.fit`` and the paper recipe; prints the trainer's
+    data line and a trainer-style evaluation line per evaluation, which the parent reads; keeps
+    the final weights in ``--keras-weights`` for --reread."""
+    start_keras_process(args)
     import tensorflow as tf
 
     from cifar10_estimator.data.pipeline import Cifar10DataSet
@@ -555,23 +624,10 @@ def train_keras(args) -> int:
           f"{', '.join(f'{v:g}' for v in values)} changing at steps {boundaries}; "
           f"{args.keras_precision}", flush=True)
 
-    model = keras_resnet.build_resnet(args.depth, precision=args.keras_precision,
-                                      input_dtype="float32",
-                                      weight_decay=keras_resnet.WEIGHT_DECAY)
-    params = keras_resnet.trainable_params(model)
-    if params != expected:
-        raise SystemExit(f"the Keras model has drifted from ours: {params:,} trainable "
-                         f"parameters, ours has {expected:,}")
-    model.compile(optimizer=tf.keras.optimizers.SGD(schedule, momentum=keras_resnet.MOMENTUM),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  # weighted_metrics: Keras weighs only these by the sample weights, which
-                  # leave out the eval batches' padding rows (weight 0).
-                  weighted_metrics=[tf.keras.metrics.SparseCategoricalAccuracy("accuracy")])
-
+    model = keras_peer(args, schedule)
     images = train.make_batch(keras_resnet.BATCH_SIZE, seed=seed).map(
         lambda features, labels: (features["image"], labels))
-    evaluation = Cifar10DataSet(args.data_dir, "eval").make_batch(EVAL_BATCH_SIZE).map(
-        lambda features, labels: (features["image"], labels, features["weight"]))
+    evaluation = keras_evaluation(args.data_dir)
 
     class EvaluationLine(tf.keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -587,6 +643,11 @@ def train_keras(args) -> int:
     model.fit(images, epochs=args.epochs, steps_per_epoch=steps_per_epoch,
               validation_data=evaluation, validation_freq=1 if args.every_epoch else args.epochs,
               verbose=0, callbacks=[EvaluationLine()])
+    # After the last line the parent reads (a run's time ends there), written whole or not
+    # at all.
+    partial = os.path.join(os.path.dirname(args.keras_weights), "partial.weights.h5")
+    model.save_weights(partial)
+    os.replace(partial, args.keras_weights)
     return 0
 
 
@@ -669,6 +730,10 @@ def parse_args(argv=None):
                              "pictures")
     # The Keras run's own process (train_keras).
     parser.add_argument("--_keras-run", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_keras-reread", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--keras-weights", help=argparse.SUPPRESS)
+    parser.add_argument("--keras-report", help=argparse.SUPPRESS)
+    parser.add_argument("--keras-step", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     parser.add_argument("--lr-boundary-epochs", help=argparse.SUPPRESS)
     parser.add_argument("--keras-schedule", choices=("paper", "he"), default="paper",
@@ -676,7 +741,7 @@ def parse_args(argv=None):
     parser.add_argument("--keras-precision", choices=tuple(keras_resnet.POLICIES),
                         default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args._keras_run:
+    if args._keras_run or args._keras_reread:
         return args
     args.rows = [parse_row(r.strip()) for r in args.rows.split(",") if r.strip()]
     if not args.rows or len({r.spec for r in args.rows}) != len(args.rows):
@@ -705,8 +770,6 @@ def parse_args(argv=None):
             parser.error(f"--rows {row.spec}: bf16 under oneDNN's {row.cap} cap has no native "
                          f"kernels (our trainer refuses it too); drop +bf16 or @{row.cap}")
     if args.reread:
-        if any(row.base == "keras" for row in args.rows):
-            parser.error("--reread: keras rows keep no job dir to evaluate; leave them out")
         args.report = True
     keras_resnet.expected_params(args.depth)  # UserError naming --depth unless it is 6n+2
     args.work_dir = os.path.abspath(args.work_dir)
@@ -717,6 +780,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args._keras_run:
         return train_keras(args)
+    if args._keras_reread:
+        return reread_keras(args)
     fashion_mnist.check_source()
     machine = machine_line()
     print(machine, flush=True)
