@@ -118,8 +118,9 @@ LOW_RES_SHARES: dict[str, tuple[tuple[int, float], ...]] = {
 # epochs, the least time whose median over 3 seeds reached the fair baseline's (He et al.'s
 # proportions, 15 epochs) within 0.1 points on each of three disjoint splits of Fashion-MNIST
 # (validation, test and holdout: +0.09, +0.38 and -0.08 points), in 0.46 of its time in bf16
-# on a Zen 5, past a third (docs/experiments.md, "The seventh round"); 50,000 takes it too
-# until measured. 10,000: 4 epochs, which reached the tutorial-proportioned paper recipe's
+# on a Zen 5, past a third (docs/experiments.md, "The seventh round"); at 50,000 the same 6
+# epochs passed on each split too (+0.16, +0.09, +0.26; 0.47 of the time; "The eighth
+# round"), so the length is flat beyond 40,000. 10,000: 4 epochs, which reached the tutorial-proportioned paper recipe's
 # median (the third round); against the fair baseline 4 ended 0.48 points under it over three
 # splits and no longer run was measured (the sixth round).
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
