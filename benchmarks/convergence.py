@@ -413,11 +413,12 @@ def read_logged(run: Run) -> Run:
     return run
 
 
-def reread(run: Run, row: Row, data_dir: str, split: str, pictures: int) -> Run:
+def reread(run: Run, row: Row, depth: int, data_dir: str, split: str, pictures: int) -> Run:
     """``run`` (finished, as ``read_logged`` tells it) with its final checkpoint read again
     (``run.rereads[split]``): evaluated once on ``data_dir``'s eval file (``split``'s
-    ``pictures`` pictures) by the package's evaluate command, under the row's oneDNN setting. The report is kept in the
-    run's folder, so a second --reread reads it instead of evaluating again."""
+    ``pictures`` pictures) by the package's evaluate command, or a Keras row's weights by a
+    Keras process building the ResNet of ``depth``, under the row's oneDNN setting. The report
+    is kept in the run's folder, so a second --reread reads it instead of evaluating again."""
     folder = os.path.dirname(run.log)
     report = os.path.join(folder, f"reread-{split}.json")
     if not os.path.isfile(report):
@@ -425,7 +426,7 @@ def reread(run: Run, row: Row, data_dir: str, split: str, pictures: int) -> Run:
             # The Keras peer's final weights, read by a process like the one that trained them
             # (the same Python: its Keras must read what it wrote).
             command = [sys.executable, os.path.abspath(__file__), "--_keras-reread",
-                       "--data-dir", data_dir, "--depth", str(run_depth(run)),
+                       "--data-dir", data_dir, "--depth", str(depth),
                        "--keras-weights", keras_weights(folder), "--keras-report", report,
                        "--keras-step", str(run.final.step), *row.flags]
         else:
@@ -451,11 +452,6 @@ def reread(run: Run, row: Row, data_dir: str, split: str, pictures: int) -> Run:
 def keras_weights(folder: str) -> str:
     """Where a Keras run in ``folder`` keeps its final weights (Keras 3 wants the suffix)."""
     return os.path.join(folder, "model.weights.h5")
-
-
-def run_depth(run: Run) -> int:
-    """The ResNet depth a run's command trained."""
-    return int(run.command[run.command.index("--depth") + 1])
 
 
 def training_pictures(folder: str) -> str:
@@ -810,7 +806,8 @@ def main(argv=None) -> int:
             if args.report:
                 run = read_logged(run)
                 for split, folder in reread_dirs.items():
-                    run = reread(run, row, folder, split, reread_pictures[split])
+                    run = reread(run, row, args.depth, folder, split,
+                                 reread_pictures[split])
             else:
                 run = run_logged(run)
             runs[row.spec].append(run)

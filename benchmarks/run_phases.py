@@ -56,14 +56,14 @@ def phases(path: str) -> dict[str, float]:
     if first_save is None or not evaluations:
         raise SystemExit(f"{path}: not a finished trainer run's log (no checkpoint or no "
                          f"evaluation line); give the log.txt of a run convergence.py made")
-    evaluating = sum(at - saves.get(step, at) for step, at in evaluations.items())
+    # Each evaluation from the checkpoint it reads; the last one ends the training.
+    costs = {step: at - saves.get(step, at) for step, at in evaluations.items()}
     last_step = max(evaluations)
     seconds = {
         "start": first_save,
-        "training": saves[last_step] - first_save - precise
-                    - sum(at - saves.get(step, at) for step, at in evaluations.items()
-                          if step != last_step),
-        "evaluations": evaluating,
+        "training": (saves[last_step] - first_save - precise
+                     - (sum(costs.values()) - costs[last_step])),
+        "evaluations": sum(costs.values()),
         "precise batch norm": precise,
         "export and exit": end - evaluations[last_step],
     }
