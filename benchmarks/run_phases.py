@@ -39,7 +39,7 @@ def phases(path: str) -> dict[str, float]:
     evaluations: dict[int, float] = {}
     precise = 0.0
     first_save = end = None
-    with open(path) as log:
+    with open(path, errors="replace") as log:  # a damaged byte is not a phase line
         for stamped in log:
             stamp, _, line = stamped.lstrip().partition(" ")
             try:
@@ -53,9 +53,10 @@ def phases(path: str) -> dict[str, float]:
                 evaluations.setdefault(int(match.group(1)), end)
             elif match := PRECISE_BN.search(line):
                 precise += float(match.group(1))
-    if first_save is None or not evaluations:
-        raise SystemExit(f"{path}: not a finished trainer run's log (no checkpoint or no "
-                         f"evaluation line); give the log.txt of a run convergence.py made")
+    if first_save is None or not evaluations or max(evaluations) not in saves:
+        raise SystemExit(f"{path}: not a finished trainer run's log (no checkpoint, no "
+                         f"evaluation line, or no checkpoint of the last evaluation's step); "
+                         f"give the log.txt of a run convergence.py made")
     # Each evaluation from the checkpoint it reads; the last one ends the training.
     costs = {step: at - saves.get(step, at) for step, at in evaluations.items()}
     last_step = max(evaluations)
