@@ -28,7 +28,7 @@ import time
 from machine import print_machine_line
 from sample_records import make_sample_records
 
-from cifar10_estimator.launch import layout
+from cifar10_estimator.launch import ports
 
 STEP = re.compile(r"step (\d+)/\d+ \(")  # a progress line
 RESTORED = re.compile(r"Restoring parameters from .*model\.ckpt-(\d+)")
@@ -79,7 +79,7 @@ class Replica:
 
 def _replicas(args, data_dir: str, job_dir: str, default_flags: bool) -> list[Replica]:
     names = ["ps", "chief", "worker", "evaluator"]
-    spec = {job: [f"127.0.0.1:{port}"] for job, port in zip(names, layout.free_ports(4))}
+    spec = {job: [f"127.0.0.1:{port}"] for job, port in zip(names, ports.free_ports(4))}
     flags = ["--data-dir", data_dir, "--job-dir", job_dir, "--num-layers", str(args.num_layers),
              "--train-steps", str(args.train_steps)]
     if not default_flags:

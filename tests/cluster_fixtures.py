@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
-from cifar10_estimator.launch import layout
+from cifar10_estimator.launch import ports
 from cifar10_estimator.jobdir import lock as job_lock
 from trainer_fixtures import Trainer, trainer_env, wait_until, work_dir
 
@@ -40,7 +40,7 @@ RATE = re.compile(r"([\d.]+) images/s on average on this worker, cluster ([\d.]+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports of 127.0.0.1 that were free a moment ago (nothing listens
     there: a connection is refused until a task binds one): the launcher's own choice."""
-    return layout.free_ports(count, HOST)
+    return ports.free_ports(count, HOST)
 
 
 @contextlib.contextmanager

@@ -242,6 +242,39 @@ def test_a_worker_that_cannot_reach_the_cluster_fails_within_the_timeout(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("task, strategy", [("ps", "towers"),
+                                            ("chief", "multi-worker-mirrored")])
+def test_a_task_whose_port_another_program_holds_fails_in_one_line(
+        tiny_records, tmp_path, task, strategy):
+    # Another program listens on the task's own port (TensorFlow binds 0.0.0.0:PORT): the
+    # parameter server's server, or the collective operations an all-reduce strategy sets up
+    # at its start, cannot start there.
+    data_dir, _ = tiny_records
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    jobs = ("chief", "ps") if task == "ps" else ("chief", "worker")
+    spec = local_spec(*jobs, ports=[port if job == task else free_ports(1)[0] for job in jobs])
+    try:
+        proc = run_trainer(*trainer_args(data_dir, tmp_path / "job", "--distribution-strategy",
+                                         strategy, "--cluster-timeout-secs", "5"),
+                           env_extra={"TF_CONFIG": tf_config(spec, task)}, timeout=120,
+                           cwd=tmp_path)
+    finally:
+        holder.close()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error == (
+        f"cifar10_estimator: error: TF_CONFIG: {task} 0 at 127.0.0.1:{port}: TensorFlow could "
+        f"not start this task's server on port {port} (it binds every interface: another "
+        f"program holds that port, or an earlier run of this task still does); end that "
+        f"program, or give this task a free port in TF_CONFIG"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "job" / "settings.json")  # nothing started
+
+
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_a_worker_that_does_not_see_the_chiefs_job_dir_fails_clearly(tiny_records, tmp_path):
     data_dir, _ = tiny_records

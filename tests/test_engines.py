@@ -3,6 +3,7 @@ fed as the engine writes it; a cluster of workers only trained for real on 127.0
 
 import json
 import os
+import shutil
 
 import pytest
 import tensorflow as tf
@@ -110,6 +111,22 @@ def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_repor
     # Worker 1 stayed until the chief's report: the chief's coordination service saw no task
     # leave early (it logs errors, " E ", when one does).
     assert not any(" E " in log or "Traceback" in log for log in logs), logs[0][-3000:]
+
+    # A task killed after the last step and restarted (its orchestrator's restart policy)
+    # finds the others gone: it joins no group (which would wait for them without end).
+    # Worker 1 leaves at once; worker 0, the chief, whose export and report were lost,
+    # evaluates and exports the last checkpoint again without training.
+    again = Trainer(flags, tmp_path / "worker1-again.log", tf_config=tasks[1].tf_config)
+    assert again.finish(timeout=120) == 0, again.text()[-3000:]
+    assert (f"worker 0: the job already trained to its last step, 6, in {job_dir}: nothing "
+            f"to train; this task leaves without joining the cluster") in again.text()
+    shutil.rmtree(job_dir / "export")
+    os.remove(job_dir / "eval_report.json")
+    chief = Trainer(flags, tmp_path / "worker0-again.log", tf_config=tasks[0].tf_config)
+    assert chief.finish(timeout=120) == 0, chief.text()[-3000:]
+    assert json.loads((job_dir / "eval_report.json").read_text())["global_step"] == 6
+    (version,) = os.listdir(job_dir / "export")
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 6  # nothing trained
 
 
 def test_the_engines_folders_are_defaults_under_the_flags_given():

@@ -199,6 +199,27 @@ class Plan:
                                    schedule=self.schedule.with_length(train_steps))
 
 
+def run_length(model: ModelSection, schedule: ScheduleSection, cluster: ClusterSection,
+               role: Role, train_records: int) -> tuple[int, Optional[float], str]:
+    """The run's length in global steps, the epochs it was asked in (None for steps) and the
+    setting it comes from (for the log): ``--train-steps``, else ``--train-epochs``, else the
+    recipe's length for ``train_records`` records, else the model's. It needs neither the
+    precision nor TensorFlow (``training.start.trained_to_end`` reads it before TensorFlow's
+    runtime starts)."""
+    if schedule.train_steps is not None:
+        return schedule.train_steps, None, "--train-steps"
+    per_global_step = global_batch(schedule.train_batch_size, cluster, role.num_trainers)
+    steps_per_epoch = max(1, train_records // per_global_step)
+    if schedule.train_epochs is not None:
+        return (math.ceil(schedule.train_epochs * steps_per_epoch), schedule.train_epochs,
+                "--train-epochs")
+    epochs = recipe_epochs(schedule.recipe, train_records)
+    if epochs is None:
+        return MODELS[model.model]["train_steps"], None, f"the {model.model} model's length"
+    return (math.ceil(epochs * steps_per_epoch), epochs,
+            f"the {schedule.recipe} recipe's length for {train_records:,} records")
+
+
 def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
             devices: DevicesSection, cluster: ClusterSection, *, dataset: str,
             class_names: Sequence[str], train_records: int, precision: str) -> Plan:
@@ -215,18 +236,8 @@ def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
     towers = devices.tower_devices
     per_global_step = global_batch(schedule.train_batch_size, cluster, role.num_trainers)
     steps_per_epoch = max(1, train_records // per_global_step)
-    epochs, length_from = None, "--train-steps"
-    if schedule.train_steps is not None:
-        train_steps = schedule.train_steps
-    elif schedule.train_epochs is not None:
-        epochs, length_from = schedule.train_epochs, "--train-epochs"
-    else:
-        epochs = recipe_epochs(schedule.recipe, train_records)
-        length_from = (f"the {schedule.recipe} recipe's length for {train_records:,} records"
-                       if epochs is not None else f"the {model.model} model's length")
-    if schedule.train_steps is None:
-        train_steps = (math.ceil(epochs * steps_per_epoch) if epochs is not None
-                       else MODELS[model.model]["train_steps"])
+    train_steps, epochs, length_from = run_length(model, schedule, cluster, role,
+                                                  train_records)
     low_res_given = schedule.low_res_fraction is not None
     return Plan(
         role=role, precision=precision, dataset=dataset, class_names=tuple(class_names),

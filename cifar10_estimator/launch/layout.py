@@ -23,17 +23,16 @@ launcher's first line (``Network.line``) says which, and why.
 ``tasks_of``).
 """
 
-import contextlib
 import dataclasses
 import ipaddress
 import json
-import socket
 import subprocess
 import threading
 from typing import Mapping, Optional, Sequence
 
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
+from cifar10_estimator.launch import ports
 from cifar10_estimator.platform import netns
 
 # In a private namespace every port is free: the tasks take consecutive ports from 2222,
@@ -44,22 +43,6 @@ AUTO, PRIVATE, HOST = "auto", "private", "host"
 NETWORKS = (AUTO, PRIVATE, HOST)
 # Schemes whose paths need no network: TensorFlow's in-memory file system and local files.
 _LOCAL_SCHEMES = ("ram", "file")
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports that were free on ``host`` a moment ago.
-
-    All sockets stay bound until every port is chosen, so the ports differ. Another program
-    could still take one before the task binds it; the task then fails with "address in use"
-    and the launcher reports it.
-    """
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind((host, 0))
-            ports.append(s.getsockname()[1])
-        return ports
 
 
 def _is_loopback(host: str) -> bool:
@@ -82,7 +65,7 @@ class Network:
     def ports(self, count: int, host: str) -> list[int]:
         if self.namespace is not None:
             return list(range(PRIVATE_FIRST_PORT, PRIVATE_FIRST_PORT + count))
-        return free_ports(count, host)
+        return ports.free_ports(count, host)
 
     def line(self, addresses: Sequence[str]) -> str:
         """The launcher's first line: where the tasks listen, and who can reach them."""

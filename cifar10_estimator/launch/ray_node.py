@@ -11,7 +11,6 @@ top, so nothing here reads the environment itself (docs/architecture.md).
 import collections
 import ctypes
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -19,11 +18,8 @@ import sys
 import threading
 from typing import Optional
 
-# The task's port is chosen below Linux's default range of ephemeral ports (32768-60999,
-# /proc/sys/net/ipv4/ip_local_port_range), where the kernel hands none out by itself, and
-# the actor holds it bound until it starts the trainer. TensorFlow's gRPC server turns
-# SO_REUSEPORT off, so the actor lets go just before the trainer binds.
-PORT_RANGE = (20000, 32767)
+from cifar10_estimator.launch import ports
+
 # POSIX's env utility, by the path every Linux and macOS has it at, found without the node's
 # PATH.
 ENV = "/usr/bin/env"
@@ -58,15 +54,10 @@ class TaskRunner:
         """Binds a free port on this node and keeps it: (node address, port, node id)."""
         import ray
 
-        for port in random.sample(range(PORT_RANGE[0], PORT_RANGE[1] + 1), 200):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("0.0.0.0", port))
-                break
-            except OSError:
-                sock.close()
-        else:
-            raise RuntimeError(f"no free port in {PORT_RANGE} on this node")
+        # Held bound until the trainer starts (``ports``: below the ephemeral range).
+        # TensorFlow's gRPC server turns SO_REUSEPORT off, so the actor lets go just before
+        # the trainer binds.
+        sock = ports.bind_free("0.0.0.0")
         self._port = sock
         context = ray.get_runtime_context()
         return ray.util.get_node_ip_address(), sock.getsockname()[1], context.get_node_id()

@@ -14,15 +14,17 @@ What it owns:
 - ``run_parameter_server`` and ``report_done``: a parameter server serves variables until every
   training task has reported that it finished, then exits 0, so a cluster ends by itself. The
   reports travel through a queue that lives on each parameter server.
+- ``own_server``: this task's server that cannot start (its port taken), in one line.
 - ``answers``: whether a task's server answers, which the parameter-server watchdog
-  (``training.estimator.cluster_hooks.ParameterServerWatchdog``) asks of a parameter server that went
-  quiet mid-run.
+  (``training.estimator.cluster_hooks.ParameterServerWatchdog``) asks of a parameter server
+  that went quiet mid-run.
 """
 
+import contextlib
 import logging
 import socket
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -40,6 +42,9 @@ _POLL_SECS = 0.5
 # report_done's 30 s and logged that the parameter server never heard, though it had (how
 # often: CHANGELOG). A second is far more than those milliseconds, even on a loaded machine.
 _LINGER_SECS = 1.0
+# TensorFlow's error when its gRPC server cannot bind the task's port
+# (tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc).
+_SERVER_FAILED = "Could not start gRPC server"
 PROBE_SECS = 5  # one attempt to reach a task; a live server answers in milliseconds
 
 
@@ -55,6 +60,27 @@ def device_filters(task_type: str, task_id: int) -> list[str]:
     if task_type == "worker":
         return ["/job:ps", f"/job:worker/task:{task_id}"]
     return ["/job:ps", f"/job:{task_type}"]
+
+
+@contextlib.contextmanager
+def own_server(cluster: Mapping[str, Sequence[str]], task_type: str, task_id: int
+               ) -> Iterator[None]:
+    """Maps TensorFlow's failure to start this task's gRPC server inside the block (raised
+    where the server starts: a strategy's collective operations, a parameter server,
+    Estimator's server) to one line that names the task's address in ``cluster``. TensorFlow
+    binds every interface on that port, so the usual cause is another program holding it."""
+    try:
+        yield
+    except tf.errors.UnknownError as e:
+        addresses = cluster.get(task_type, ())
+        if _SERVER_FAILED not in e.message or task_id >= len(addresses):
+            raise
+        address = addresses[task_id]
+        raise UserError(
+            f"TF_CONFIG: {task_type} {task_id} at {address}: TensorFlow could not start this "
+            f"task's server on port {address.rpartition(':')[2]} (it binds every interface: "
+            f"another program holds that port, or an earlier run of this task still does); "
+            f"end that program, or give this task a free port in TF_CONFIG") from None
 
 
 def trainer_tasks(cluster: Mapping[str, Sequence[str]]) -> list[str]:

@@ -70,25 +70,36 @@ def train_and_evaluate(role: Role, machine: start.Machine,
     preemption.before_exit(lambda stop: log.info(
         stopped_line(stop, role, output.job_dir, preemption.last_step)))
     try:
-        if role.task_type == "ps":
-            start.serve_variables(cluster, role)
-            return TrainResult(None, None, role="ps")
-        strategy = start.make_strategy(devices, cluster, role)  # before TF's runtime starts
-        with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the end
-            task = start.start(role, machine, stack, preemption.before_exit, strategy,
-                               data=data, model=model, schedule=schedule, devices=devices,
-                               cluster=cluster, output=output, logging_=logging_)
-            # What exports compute with, decided (and probed) once, by a task that exports.
-            serving = functools.cache(lambda: end.serving_settings(
-                task.model, devices.serving_precision, task.plan.precision, machine))
-            try:
-                return _run(task, serving, preemption, on_evaluation, data=data, model=model,
-                            devices=devices, cluster=cluster, output=output, logging_=logging_)
-            except Exception as e:
-                lost = fence.lock_loss(e)
-                if lost is None or lost is e:
-                    raise
-                raise lost from None
+        with peers.own_server(role.cluster, role.task_type, role.task_id):
+            if role.task_type == "ps":
+                start.serve_variables(cluster, role)
+                return TrainResult(None, None, role="ps")
+            # A task of an all-reduce job restarted after its last step joins no group: a worker
+            # is done at once, the chief concludes (evaluation, export, report) without training.
+            ended = start.trained_to_end(role, data, model, schedule, cluster, output)
+            if ended is not None:
+                log.info("%s: the job already trained to its last step, %d, in %s: nothing to "
+                         "train; this task %s without joining the cluster", role.name, ended,
+                         output.job_dir, "concludes it" if role.is_chief else "leaves")
+                if not role.is_chief:
+                    return TrainResult(None, None, role=role.kind)
+            strategy = (None if ended is not None  # made before TensorFlow's runtime starts
+                        else start.make_strategy(devices, cluster, role))
+            with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the end
+                task = start.start(role, machine, stack, preemption.before_exit, strategy,
+                                   data=data, model=model, schedule=schedule, devices=devices,
+                                   cluster=cluster, output=output, logging_=logging_)
+                # What exports compute with, decided (and probed) once, by a task that exports.
+                serving = functools.cache(lambda: end.serving_settings(
+                    task.model, devices.serving_precision, task.plan.precision, machine))
+                try:
+                    return _run(task, serving, preemption, on_evaluation, data=data, model=model,
+                                devices=devices, cluster=cluster, output=output, logging_=logging_)
+                except Exception as e:
+                    lost = fence.lock_loss(e)
+                    if lost is None or lost is e:
+                        raise
+                    raise lost from None
     except Stopped as stop:
         log.info(stopped_line(stop, role, output.job_dir, preemption.last_step))
         raise
@@ -141,8 +152,11 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluat
     guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir)
     if role.task_type == "evaluator":
         return _evaluate_only(task, estimator, eval_spec, after, guard, output)
+    # The chief of an all-reduce job that had trained to its last step made no strategy
+    # (``start.trained_to_end``): it only concludes.
+    joined = not (plan.all_reduce_trainer and task.strategy is None)
     metrics = _train(task, preemption, estimator, train_spec, eval_spec, guard,
-                     cluster.cluster_timeout_secs, output.job_dir)
+                     cluster.cluster_timeout_secs, output.job_dir) if joined else None
     _check_lock(task)  # nothing after training either: no evaluation, report or export
     if not role.is_chief:
         # Training ended at --train-steps (the input repeats), or at once at a later step it
@@ -167,7 +181,7 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluat
                                                    lambda: _check_lock(task))
     steps = step - task.start_step
     result = TrainResult(metrics, export, report, steps, role.kind, plan.worker_images(steps))
-    if plan.all_reduce_trainer:
+    if plan.all_reduce_trainer and joined:
         # The chief leads the job's coordination service: leaving before the workers have
         # ended their sessions makes them log errors about it. The workers leave once this
         # export exists (end.wait_for_end).

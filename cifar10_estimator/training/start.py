@@ -89,6 +89,27 @@ def make_strategy(devices: DevicesSection, cluster: ClusterSection, role: Role
                         f"of its own (python -m cifar10_estimator)") from None
 
 
+def trained_to_end(role: Role, data: DataSection, model: ModelSection,
+                   schedule: ScheduleSection, cluster: ClusterSection, output: OutputSection
+                   ) -> Optional[int]:
+    """For a training task of a multi-worker all-reduce cluster: the step of the job's latest
+    checkpoint when it has reached this run's last step, else None.
+
+    Such a task must not join the cluster. Its strategy would wait, without end, for a group
+    that is gone: the others trained the last step with an earlier process of this task (one
+    killed or preempted after that step, which its orchestrator restarted) and are ending or
+    gone. So it is asked before the strategy is made, from the flags and the training records'
+    count alone, before TensorFlow's runtime starts."""
+    if not (role.in_cluster and plans.all_reduce_trainer(cluster, role)):
+        return None
+    step = checkpoints.latest_step(output.job_dir)
+    if not step:
+        return None
+    train_steps, _, _ = plans.run_length(model, schedule, cluster, role,
+                                         metadata.split_size(data.data_dir, "train"))
+    return step if step >= train_steps else None
+
+
 def serve_variables(cluster: ClusterSection, role: Role) -> None:
     """A parameter server's run: serves variables until every training task reported done."""
     log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster))
