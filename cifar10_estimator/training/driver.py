@@ -10,8 +10,10 @@ trains and exports nothing (``training.end``).
 
 In a cluster the role decides: a ``ps`` serves variables until the training tasks are done;
 ``chief`` and ``worker`` train against the parameter servers, asynchronously or with
-``--sync``, or all-reduce; an ``evaluator`` evaluates new checkpoints in the shared job dir and
-exits right after the one at the last step (``task.evaluator``; Estimator's own
+``--sync``, or all-reduce (a task of an all-reduce job started after the job's last step,
+as an orchestrator restarts one killed then, joins no group:
+``training.start.trained_to_end``); an ``evaluator`` evaluates new checkpoints in the shared
+job dir and exits right after the one at the last step (``task.evaluator``; Estimator's own
 evaluator loop would sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in
 the cluster, as Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the
 chief saves checkpoints and exports; with ``--export-best`` the task that evaluates (locally,

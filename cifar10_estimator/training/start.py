@@ -19,7 +19,8 @@ In order (``start``):
    settings checked against the record (the chief writes it).
 
 Also here: the strategy object of ``--distribution-strategy`` (made before TensorFlow's runtime
-starts) and the parameter server's whole run.
+starts), and before it whether a task of an all-reduce job comes after the job's last step
+(``trained_to_end``: then it joins no group); and the parameter server's whole run.
 """
 
 import contextlib
