@@ -120,9 +120,10 @@ LOW_RES_SHARES: dict[str, tuple[tuple[int, float], ...]] = {
 # (validation, test and holdout: +0.09, +0.38 and -0.08 points), in 0.46 of its time in bf16
 # on a Zen 5, past a third (docs/experiments.md, "The seventh round"); at 50,000 the same 6
 # epochs passed on each split too (+0.16, +0.09, +0.26; 0.47 of the time; "The eighth
-# round"), so the length is flat beyond 40,000. 10,000: 4 epochs, which reached the tutorial-proportioned paper recipe's
-# median (the third round); against the fair baseline 4 ended 0.48 points under it over three
-# splits and no longer run was measured (the sixth round).
+# round"), so the length is flat beyond 40,000. 10,000: 4 epochs, which reached the
+# tutorial-proportioned paper recipe's median (the third round); against the fair baseline 4
+# ended 0.48 points under it over three splits and no longer run was measured (the sixth
+# round).
 RUN_LENGTHS: dict[str, tuple[tuple[int, float], ...]] = {
     "fast": ((10_000, 4.0), (40_000, 6.0)),
 }

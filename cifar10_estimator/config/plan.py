@@ -199,6 +199,13 @@ class Plan:
                                    schedule=self.schedule.with_length(train_steps))
 
 
+def epoch_steps(schedule: ScheduleSection, cluster: ClusterSection, role: Role,
+                train_records: int) -> int:
+    """Global steps in one pass over ``train_records`` records (at least one)."""
+    return max(1, train_records // global_batch(schedule.train_batch_size, cluster,
+                                                role.num_trainers))
+
+
 def run_length(model: ModelSection, schedule: ScheduleSection, cluster: ClusterSection,
                role: Role, train_records: int) -> tuple[int, Optional[float], str]:
     """The run's length in global steps, the epochs it was asked in (None for steps) and the
@@ -208,8 +215,7 @@ def run_length(model: ModelSection, schedule: ScheduleSection, cluster: ClusterS
     runtime starts)."""
     if schedule.train_steps is not None:
         return schedule.train_steps, None, "--train-steps"
-    per_global_step = global_batch(schedule.train_batch_size, cluster, role.num_trainers)
-    steps_per_epoch = max(1, train_records // per_global_step)
+    steps_per_epoch = epoch_steps(schedule, cluster, role, train_records)
     if schedule.train_epochs is not None:
         return (math.ceil(schedule.train_epochs * steps_per_epoch), schedule.train_epochs,
                 "--train-epochs")
@@ -235,7 +241,7 @@ def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
         raise ValueError(f"a plan's precision is fp32 or bf16, not {precision!r}")
     towers = devices.tower_devices
     per_global_step = global_batch(schedule.train_batch_size, cluster, role.num_trainers)
-    steps_per_epoch = max(1, train_records // per_global_step)
+    steps_per_epoch = epoch_steps(schedule, cluster, role, train_records)
     train_steps, epochs, length_from = run_length(model, schedule, cluster, role,
                                                   train_records)
     low_res_given = schedule.low_res_fraction is not None
