@@ -204,7 +204,7 @@ CANDIDATES = {
     **{f"size-{s}": ["--low-res-size", str(s)] for s in (16, 20)},
     # Run lengths, in place of the recipe's own (or --fast-epochs).
     **{f"epochs-{e:g}": ["--train-epochs", f"{e:g}"]
-       for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 9, 10)},
+       for e in (3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8, 9, 10, 12)},
 }
 # Suspects of the paper recipe's gap to Keras, each changed alone in our trainer.
 SUSPECTS = {
