@@ -122,6 +122,25 @@ def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file()
     assert overlays.build(recipe="fast", train_steps=10).schedule.train_steps == 10
 
 
+def test_the_help_says_the_fast_recipes_length_by_size_as_the_table_has_it(monkeypatch):
+    # argparse wraps the lines, at hyphens too: compare without white space.
+    help = "".join(flags.build_parser().format_help().split())
+    text = overlays.recipe_help()
+    assert "".join(text.split()) in help
+    fast = text.split("fast: ", 1)[1]
+    for n, epochs in overlays.RUN_LENGTHS["fast"]:
+        assert f"{epochs:g} epochs for {n:,} training records" in fast
+    assert "paper: the defaults;" in text  # no length of its own
+    # A flat table is said as one length; another table, as its points.
+    monkeypatch.setitem(overlays.RUN_LENGTHS, "fast", ((10_000, 6.0), (40_000, 6.0)))
+    assert "a length of its own: 6 epochs at every size" in overlays.recipe_help()
+    monkeypatch.setitem(overlays.RUN_LENGTHS, "fast", ((10_000, 8.0), (20_000, 7.0),
+                                                       (40_000, 6.0)))
+    assert ("8 epochs for 10,000 training records or fewer, 7 epochs for 20,000 training "
+            "records, 6 epochs for 40,000 training records or more, straight in log N "
+            "between") in overlays.recipe_help()
+
+
 def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer():
     # The setting added as docs/architecture.md shows: one field, one use. Followed from the
     # command line through the plan to the optimizer's ops, as the trainer takes it.

@@ -205,10 +205,27 @@ def build(**given: Any) -> Settings:
 
 
 def recipe_help() -> str:
-    """What each recipe sets, for the docs and ``--help``."""
+    """What each recipe sets, for the docs and ``--help``: its values, and its run length where
+    it has one of its own (RUN_LENGTHS)."""
     return "; ".join(f"{name}: " + (", ".join(f"{flag(k)} {_shown(v)}" for k, v in values.items())
-                                    or "the defaults")
+                                    or "the defaults") + _length_help(name)
                      for name, values in RECIPES.items())
+
+
+def _length_help(recipe: str) -> str:
+    """``recipe``'s own run length as the help says it: empty for a recipe without one."""
+    points = RUN_LENGTHS.get(recipe)
+    if not points:
+        return ""
+    if len({epochs for _, epochs in points}) == 1:
+        length = f"{points[0][1]:g} epochs at every size"
+    else:
+        marks = [f"{epochs:g} epochs for {n:,} training records" for n, epochs in points]
+        marks[0] += " or fewer"
+        marks[-1] += " or more"
+        length = ", ".join(marks) + ", straight in log N between"
+    return (f", and a length of its own: {length} (--train-epochs or --train-steps given "
+            f"replaces it)")
 
 
 # How the help, the log and the docs show a recipe's None: a share that follows the training

@@ -263,8 +263,9 @@ class ScheduleSection:
                  "docs/training.md); a flag given explicitly wins over the recipe's value",
         choices=("paper", "fast"))
     train_steps: Optional[int] = setting(
-        None, "global step at which training stops (default: the model's length, see "
-              "docs/training.md, unless --train-epochs is given)", check=AT_LEAST_0)
+        None, "global step at which training stops (default: the recipe's own length where "
+              "it has one, see --recipe, else the model's, see docs/training.md; unless "
+              "--train-epochs is given)", check=AT_LEAST_0)
     train_epochs: Optional[float] = setting(
         None, f"train this many epochs of the training file instead of --train-steps (an "
               f"epoch counted as the schedule counts it: train records // the global batch, "
