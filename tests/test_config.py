@@ -114,8 +114,10 @@ def test_the_fast_recipe_has_its_own_run_length_that_follows_the_training_file()
     assert overlays.recipe_epochs("fast", small) == short
     assert overlays.recipe_epochs("fast", large) == long_
     assert overlays.recipe_epochs("fast", 10 * large) == long_
-    between = overlays.recipe_epochs("fast", int((small * large) ** 0.5))  # halfway in log N
-    assert between == round((short + long_) / 2, 1)
+    for (lo, at_lo), (hi, at_hi) in zip(points, points[1:]):
+        assert overlays.recipe_epochs("fast", lo) == at_lo
+        halfway = int((lo * hi) ** 0.5)  # halfway in log N
+        assert overlays.recipe_epochs("fast", halfway) == round((at_lo + at_hi) / 2, 1)
     assert overlays.recipe_epochs("paper", 50_000) is None
     # The model's length gives way.
     assert overlays.build(recipe="fast").schedule.train_steps is None
@@ -128,8 +130,9 @@ def test_the_help_says_the_fast_recipes_length_by_size_as_the_table_has_it(monke
     text = overlays.recipe_help()
     assert "".join(text.split()) in help
     fast = text.split("fast: ", 1)[1]
-    for n, epochs in overlays.RUN_LENGTHS["fast"]:
-        assert f"{epochs:g} epochs for {n:,} training records" in fast
+    (small, short), *_, (large, long_) = overlays.RUN_LENGTHS["fast"]
+    assert f"{short:g} epochs for {small:,} training records or fewer" in fast
+    assert f"{long_:g} epochs for " in fast and "training records or more" in fast
     assert "paper: the defaults;" in text  # no length of its own
     # A flat table is said as one length; another table, as its points.
     monkeypatch.setitem(overlays.RUN_LENGTHS, "fast", ((10_000, 6.0), (40_000, 6.0)))
@@ -139,6 +142,11 @@ def test_the_help_says_the_fast_recipes_length_by_size_as_the_table_has_it(monke
     assert ("8 epochs for 10,000 training records or fewer, 7 epochs for 20,000 training "
             "records, 6 epochs for 40,000 training records or more, straight in log N "
             "between") in overlays.recipe_help()
+    # A flat end is said from where it starts.
+    monkeypatch.setitem(overlays.RUN_LENGTHS, "fast", ((10_000, 5.0), (20_000, 6.0),
+                                                       (40_000, 6.0)))
+    assert ("5 epochs for 10,000 training records or fewer, 6 epochs for 20,000 training "
+            "records or more, straight") in overlays.recipe_help()
 
 
 def test_nesterov_one_field_is_a_flag_in_the_run_record_and_reaches_the_optimizer():
