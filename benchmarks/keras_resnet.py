@@ -169,6 +169,17 @@ def build_resnet(depth: int, *, precision: str = "fp32", input_dtype: str = "uin
     return tf.keras.Model(images, outputs, name=f"resnet{depth}")
 
 
+def keras_version() -> str:
+    """The release of the Keras that ``tf.keras`` is: the ``keras`` distribution (Keras 2 with
+    TF 2.15, Keras 3 from 2.16) or ``tf-keras`` (under ``TF_USE_LEGACY_KERAS=1``)."""
+    import importlib.metadata
+
+    import tensorflow as tf
+
+    distribution = tf.keras.__name__.split(".")[0].replace("_", "-")
+    return f"{distribution} {importlib.metadata.version(distribution)}"
+
+
 def trainable_params(model) -> int:
     return sum(int(w.shape.num_elements()) for w in model.trainable_weights)
 
@@ -214,6 +225,36 @@ def synthetic_batches(batch_size: int, num_batches: int, seed: int = 0):
     return tf.data.Dataset.from_tensor_slices((images, labels)).repeat().prefetch(2)
 
 
+def record_batches(data_dir: str, batch_size: int, seed: int = 0):
+    """``DATA_DIR/train.tfrecords`` as a Keras user feeds ``model.fit``: shuffled and repeated,
+    parsed and augmented one picture at a time with ``tf.image`` ops, batched and prefetched,
+    ``tf.data.AUTOTUNE`` choosing the parallelism (the tf.data performance guide's pattern).
+
+    The augmentation is ours (``data.pipeline``'s ``pad-crop-flip``, He et al. 2015, section
+    4.2): 4 pixels of zeros on every side, a random 32x32 window, a left-right flip with
+    probability 1/2. Images stay uint8 until the model's rescaling, as in ours.
+    """
+    import tensorflow as tf
+
+    from cifar10_estimator.data import pipeline, schema
+
+    def parse_and_augment(serialized):
+        features = tf.io.parse_single_example(serialized, schema.FEATURE_SPEC)
+        image = schema.decode_images(features["image"])
+        size = schema.HEIGHT + 2 * pipeline.PAD
+        image = tf.image.resize_with_crop_or_pad(image, size, size)
+        image = tf.image.random_crop(image, [schema.HEIGHT, schema.WIDTH, schema.CHANNELS])
+        image = tf.image.random_flip_left_right(image)
+        return image, tf.cast(features["label"], tf.int32)
+
+    path = schema.record_path(data_dir, "train")
+    records = tf.data.TFRecordDataset(path)
+    count = sum(1 for _ in records)  # the whole file in the shuffle buffer, as ours has it
+    return (records.shuffle(count, seed=seed, reshuffle_each_iteration=True).repeat()
+            .map(parse_and_augment, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+
+
 def peer_parser(description: str) -> argparse.ArgumentParser:
     """The flags every peer takes: depth, batch size, timed seconds, warm-up steps."""
     parser = argparse.ArgumentParser(description=description)
@@ -230,6 +271,10 @@ def main() -> int:
     parser = peer_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=tuple(POLICIES), default="fp32")
     parser.add_argument("--jit", action="store_true", help="compile the train step with XLA")
+    parser.add_argument("--data-dir",
+                        help="train on DATA_DIR/train.tfrecords, augmented as ours is, through "
+                             "tf.data (end to end); default: fixed in-memory batches, no "
+                             "augmentation (the bare step)")
     args = parser.parse_args()
     if args.warmup_steps < 1 or args.batch_size < 1 or args.seconds <= 0:
         raise UserError("--warmup-steps and --batch-size must be 1 or more, --seconds above 0")
@@ -254,12 +299,16 @@ def main() -> int:
                   jit_compile=args.jit)
 
     stopwatch = _stopwatch(args.warmup_steps, args.seconds, min_steps=5)
-    model.fit(synthetic_batches(args.batch_size, num_batches=16), epochs=1,
+    batches = (record_batches(args.data_dir, args.batch_size) if args.data_dir
+               else synthetic_batches(args.batch_size, num_batches=16))
+    model.fit(batches, epochs=1,
               steps_per_epoch=10**9, verbose=0, callbacks=[stopwatch])
     images_per_sec = stopwatch.timed_steps * args.batch_size / stopwatch.elapsed
     print(json.dumps({"images_per_sec": round(images_per_sec, 1), "depth": args.depth,
                       "precision": args.precision, "params": params,
                       "batch_size": args.batch_size, "jit": args.jit,
+                      "input": "tfrecords" if args.data_dir else "in-memory",
+                      "keras": keras_version(), "tensorflow": tf.__version__,
                       "timed_steps": stopwatch.timed_steps,
                       "timed_seconds": round(stopwatch.elapsed, 2)}), flush=True)
     return 0

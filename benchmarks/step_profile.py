@@ -1,41 +1,52 @@
-"""One training step, op by op: ours (the package's ``model_fn``) against the same network in Keras.
+"""One training step, op by op: ours (the package's ``model_fn``) against the same network in
+Keras and in PyTorch compiled, with each one's time put into the same categories.
 
-Both steps run the same way, so only the graphs differ: a TF1 session, one fixed in-memory
-batch (no input pipeline), fp32, momentum SGD with L2 on every weight. Each runs in its own
-process (Keras' graph mode needs eager execution off for the whole process), times
-``--steps`` steps after a warm-up, then traces ``--trace-steps`` steps with TensorFlow's
-``RunMetadata`` (``FULL_TRACE``) and sums each op type's time per step: the sum is of op time
-across threads, so it can exceed the wall time of the step.
+Ours and Keras' run the same way, so only the graphs differ: a TF1 session configured as our
+trainer's, one fixed in-memory batch (no input pipeline), fp32 or bf16, momentum SGD with L2 on
+every weight. Each runs in its own process (Keras' graph mode needs eager execution off for the
+whole process), times ``--steps`` steps after a warm-up, then traces ``--trace-steps`` steps with
+TensorFlow's ``RunMetadata`` (``FULL_TRACE``) and sums each op type's time per step: the sum is
+of op time across threads, so it can exceed the wall time of the step. ``--torch-python`` adds
+``torch_resnet.py --compile`` on in-memory batches, profiled with ``torch.profiler`` (each
+event's self time, inductor's fused kernels by name). ``step_categories.py`` maps both onto
+convolutions forward and backward, batch norm, element-wise ops, casts and reorders, the
+update and the rest. The input pipeline and the hooks are not in a bare step: they are
+``train_throughput.py``'s end-to-end column against its bare-step column.
 
     python benchmarks/step_profile.py --depth 20 --batch-size 128
-    python benchmarks/step_profile.py --depth 20 --batch-size 64 --no-keras  # Keras 3: ours only
+    python benchmarks/step_profile.py --no-keras --precision bf16 \
+        --torch-python /tmp/torch-venv/bin/python     # on TF 2.16+ (Keras 3): ours only
 """
 
 import argparse
 import collections
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 
+import step_categories
 from machine import print_machine_line
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TORCH_PEER = os.path.join(HERE, "torch_resnet.py")
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def _ours(depth: int, batch: int):
-    """(train op, a fixed batch) of the package's model_fn, as the trainer builds it."""
+def _ours(depth: int, batch: int, precision: str):
+    """The train op of the package's model_fn on a fixed batch, as the trainer builds it."""
     import numpy as np
     import tensorflow as tf
 
     from cifar10_estimator.training.estimator import model_fn
-    from cifar10_estimator.config.plan import schedule_of
+    from cifar10_estimator.config.plan import DTYPES, schedule_of
     from cifar10_estimator.config.settings import ModelSection, ScheduleSection
 
     settings = model_fn.ModelSettings(ModelSection(num_layers=depth), schedule=schedule_of(
-        ScheduleSection(), steps_per_epoch=312, total_steps=80_000, global_batch=128))
+        ScheduleSection(), steps_per_epoch=312, total_steps=80_000, global_batch=128),
+        compute_dtype=DTYPES[precision])
     rng = np.random.default_rng(0)
     images = tf.constant(rng.uniform(0, 255, (batch, 32, 32, 3)).astype(np.float32))
     labels = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
@@ -44,7 +55,7 @@ def _ours(depth: int, batch: int):
     return spec.train_op
 
 
-def _keras(depth: int, batch: int):
+def _keras(depth: int, batch: int, precision: str):
     """The same step with the Keras peer's network (benchmarks/keras_resnet.py)."""
     import numpy as np
     import tensorflow as tf
@@ -57,7 +68,7 @@ def _keras(depth: int, batch: int):
                          "--no-keras")
     from keras_resnet import LEARNING_RATE, MOMENTUM, WEIGHT_DECAY, build_resnet
 
-    model = build_resnet(depth, input_dtype="float32")
+    model = build_resnet(depth, precision=precision, input_dtype="float32")
     rng = np.random.default_rng(0)
     images = tf.constant(rng.uniform(0, 255, (batch, 32, 32, 3)).astype(np.float32))
     labels = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
@@ -71,13 +82,18 @@ def _keras(depth: int, batch: int):
     return tf.group(train, *model.get_updates_for(images))
 
 
-def profile(which: str, depth: int, batch: int, steps: int, trace_steps: int) -> dict:
-    """Images/s and op time per step by op type, for one of the two steps."""
+def profile(which: str, depth: int, batch: int, steps: int, trace_steps: int,
+            precision: str = "fp32") -> dict:
+    """Images/s and op time per step by op type, for one of the two steps, in the session
+    configuration our trainer uses (threads, soft placement)."""
     import tensorflow as tf
 
+    from cifar10_estimator.config.settings import DevicesSection
+    from cifar10_estimator.platform.session import session_config
+
     tf.compat.v1.disable_eager_execution()
-    train_op = (_ours if which == "ours" else _keras)(depth, batch)
-    with tf.compat.v1.Session() as sess:
+    train_op = (_ours if which == "ours" else _keras)(depth, batch, precision)
+    with tf.compat.v1.Session(config=session_config(DevicesSection())) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(10):  # graph optimisation and oneDNN's first kernels
             sess.run(train_op)
@@ -99,8 +115,10 @@ def profile(which: str, depth: int, batch: int, steps: int, trace_steps: int) ->
                             else node.node_name)
                     by_type[kind] += node.op_end_rel_micros - node.op_start_rel_micros
                     nodes += 1
-    return {"images_per_sec": images_per_sec, "ops_per_step": nodes / trace_steps,
-            "ms_by_type": {k: v / 1000 / trace_steps for k, v in by_type.items()}}
+    traced = max(trace_steps, 1)
+    return {"images_per_sec": images_per_sec, "ops_per_step": nodes / traced,
+            "ms_by_type": {k: v / 1000 / traced for k, v in by_type.items()},
+            "tensorflow": tf.__version__}
 
 
 def main() -> None:
@@ -111,6 +129,12 @@ def main() -> None:
     parser.add_argument("--trace-steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per step")
     parser.add_argument("--no-keras", action="store_true", help="profile our step alone")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--torch-python",
+                        help="a Python with torch 2.13: profile PyTorch's compiled step beside "
+                             "(torch_resnet.py --compile, torch.profiler)")
+    parser.add_argument("--torch-seconds", type=float, default=15,
+                        help="timed seconds of the PyTorch step before it is profiled")
     parser.add_argument("--child", choices=("ours", "keras"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -118,27 +142,47 @@ def main() -> None:
 
         prepare_process(os.environ)  # before TensorFlow loads: tf.estimator's compat layer
         print(json.dumps(profile(args.child, args.depth, args.batch_size, args.steps,
-                                 args.trace_steps)))
+                                 args.trace_steps, args.precision)))
         return
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # as the package's commands do
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     print_machine_line()
-    results: dict[str, list[dict]] = {"ours": []} if args.no_keras else {"ours": [], "keras": []}
+    commands = {which: [sys.executable, __file__, "--child", which, "--depth",
+                        str(args.depth), "--batch-size", str(args.batch_size),
+                        "--steps", str(args.steps), "--trace-steps", str(args.trace_steps),
+                        "--precision", args.precision]
+                for which in (("ours",) if args.no_keras else ("ours", "keras"))}
+    if args.torch_python:
+        commands["pytorch compiled"] = [
+            args.torch_python, TORCH_PEER, "--compile", "--depth", str(args.depth),
+            "--batch-size", str(args.batch_size), "--precision", args.precision,
+            "--seconds", str(args.torch_seconds), "--profile-steps", str(args.trace_steps)]
+    results: dict[str, list[dict]] = {which: [] for which in commands}
     for _ in range(args.rounds):
-        for which in results:
-            out = subprocess.run([sys.executable, __file__, "--child", which, "--depth",
-                                  str(args.depth), "--batch-size", str(args.batch_size),
-                                  "--steps", str(args.steps), "--trace-steps",
-                                  str(args.trace_steps)], capture_output=True, text=True)
+        for which, command in commands.items():
+            out = subprocess.run(command, capture_output=True, text=True)
             if out.returncode:
                 sys.exit(out.stderr.strip().splitlines()[-1] if out.stderr.strip()
                          else f"step_profile.py: the {which} step failed")
-            results[which].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            result.setdefault("ms_by_type", result.get("ms_by_name", {}))
+            results[which].append(result)
     for which, runs in results.items():
         rates = ", ".join(f"{r['images_per_sec']:.0f}" for r in runs)
-        print(f"{which}: {rates} images/s untraced; {runs[-1]['ops_per_step']:.0f} ops per "
-              f"traced step")
+        ops = (f"{runs[-1]['ops_per_step']:.0f} ops per traced step" if "ops_per_step"
+               in runs[-1] else f"{len(runs[-1]['ms_by_type'])} kinds of profiler event")
+        print(f"{which} ({args.precision}): {rates} images/s untraced; {ops}")
     last = {which: runs[-1]["ms_by_type"] for which, runs in results.items()}
+    print(f"\nWhere a step's time goes, ms per step ({args.precision}, batch "
+          f"{args.batch_size}; op time summed, so concurrent ops can exceed the wall time):")
+    print(f"{'':<44}" + "".join(f" {which:>18}" for which in last))
+    wall = {which: 1000 * args.batch_size / statistics.median(r["images_per_sec"] for r in runs)
+            for which, runs in results.items()}
+    print(f"{'the step, wall time untraced':<44}" + "".join(f" {wall[w]:18.1f}" for w in last))
+    totals = {which: step_categories.by_category(times) for which, times in last.items()}
+    for kind in step_categories.CATEGORIES:
+        print(f"{kind:<44}" + "".join(f" {totals[w][kind]:18.1f}" for w in last))
+    print()
     types = sorted(set().union(*last.values()),
                    key=lambda k: -max(times.get(k, 0) for times in last.values()))
     print(f"{'op type':<32}" + "".join(f" {which + ' ms/step':>14}" for which in last))

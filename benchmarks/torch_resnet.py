@@ -118,6 +118,52 @@ def build_resnet(depth: int, memory_format=None):
     return ResNet().to(memory_format=memory_format)
 
 
+# The padding of ours before the random crop (data/pipeline.py's PAD; He et al. 2015, section
+# 4.2), repeated here because this Python has no TensorFlow to import the pipeline with.
+PAD = 4
+# Loader processes: the PyTorch CIFAR-10 tutorial's (pytorch.org/tutorials, "Training a
+# Classifier": DataLoader(..., num_workers=2)), one per core here.
+WORKERS = 2
+
+
+def augmented_loader(path: str, batch_size: int, workers: int):
+    """The pictures of ``path`` (an .npz of uint8 ``images`` [N, 32, 32, 3] and ``labels``) as a
+    PyTorch user feeds a training loop: a ``Dataset`` that augments one picture at a time, as
+    torchvision's ``RandomCrop(32, padding=4)`` and ``RandomHorizontalFlip()`` do, in a shuffling
+    ``DataLoader`` with ``workers`` loader processes. The augmentation is ours (``pad-crop-flip``).
+    """
+    import numpy as np
+    import torch
+    from torch.nn import functional as F
+
+    with np.load(path, allow_pickle=False) as arrays:
+        images = torch.from_numpy(arrays["images"])
+        labels = torch.from_numpy(arrays["labels"].astype(np.int64))
+
+    class Augmented(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(labels)
+
+        def __getitem__(self, index):
+            # HWC uint8: zero-pad height and width (F.pad pads the last dimensions first).
+            image = F.pad(images[index], (0, 0, PAD, PAD, PAD, PAD))
+            top, left = torch.randint(0, 2 * PAD + 1, (2,)).tolist()
+            image = image[top:top + 32, left:left + 32]
+            if torch.rand(()) < 0.5:
+                image = image.flip(1)
+            return image, labels[index]
+
+    return torch.utils.data.DataLoader(Augmented(), batch_size=batch_size, shuffle=True,
+                                       drop_last=True, num_workers=workers,
+                                       persistent_workers=workers > 0)
+
+
+def endless(loader):
+    """The loader's batches, epoch after epoch."""
+    while True:
+        yield from loader
+
+
 def main() -> int:
     parser = peer_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
@@ -127,10 +173,21 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="intra-op threads (default: every CPU, as TensorFlow uses)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--records",
+                        help="train on the pictures of this .npz (uint8 images [N,32,32,3], "
+                             "labels [N]) through a Dataset and DataLoader that augment as "
+                             "ours does (end to end); default: fixed in-memory batches, no "
+                             "augmentation (the bare step)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after the timed steps, profile this many with torch.profiler "
+                             "and add each op's (and inductor kernel's) self time per step")
+    parser.add_argument("--workers", type=int, default=WORKERS,
+                        help=f"DataLoader processes with --records (default {WORKERS})")
     args = parser.parse_args()
-    if args.warmup_steps < 1 or args.batch_size < 1 or args.seconds <= 0 or args.threads < 1:
+    if (args.warmup_steps < 1 or args.batch_size < 1 or args.seconds <= 0 or args.threads < 1
+            or args.workers < 0):
         raise UserError("--warmup-steps, --batch-size and --threads must be 1 or more, "
-                        "--seconds above 0")
+                        "--workers 0 or more, --seconds above 0")
     expected = expected_params(args.depth)
     print_machine_line()
     # PyTorch's CPU convolutions are oneDNN's (always built in), under the same ISA cap.
@@ -140,6 +197,12 @@ def main() -> int:
     from torch.nn import functional as F
 
     torch.set_num_threads(args.threads)
+    if args.profile_steps and args.compile:
+        # Inductor's generated C++ kernels show in the profile under their names only so
+        # (they fuse batch norm, ReLU and adds; without it their time is the compiled region's).
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True
     layout = (torch.channels_last if args.memory_format == "channels_last"
               else torch.contiguous_format)
     model = build_resnet(args.depth, layout).train()
@@ -155,11 +218,16 @@ def main() -> int:
                                 weight_decay=WEIGHT_DECAY)
     forward = torch.compile(model) if args.compile else model
 
-    generator = torch.Generator().manual_seed(0)
-    num_batches = 16
-    images = torch.randint(0, 256, (num_batches, args.batch_size, 32, 32, 3),
-                           dtype=torch.uint8, generator=generator)
-    labels = torch.randint(0, NUM_CLASSES, (num_batches, args.batch_size), generator=generator)
+    if args.records:
+        batches = endless(augmented_loader(args.records, args.batch_size, args.workers))
+    else:
+        generator = torch.Generator().manual_seed(0)
+        num_batches = 16
+        images = torch.randint(0, 256, (num_batches, args.batch_size, 32, 32, 3),
+                               dtype=torch.uint8, generator=generator)
+        labels = torch.randint(0, NUM_CLASSES, (num_batches, args.batch_size),
+                               generator=generator)
+        batches = ((images[i % num_batches], labels[i % num_batches]) for i in range(10**12))
 
     def train_step(x, y):
         optimizer.zero_grad(set_to_none=True)
@@ -172,7 +240,7 @@ def main() -> int:
     while True:
         # Eager PyTorch on a CPU runs each operation before returning, so after the optimizer
         # step the step is finished and the clock reads whole steps.
-        train_step(images[step % num_batches], labels[step % num_batches])
+        train_step(*next(batches))
         step += 1
         now = time.perf_counter()
         if step == args.warmup_steps:
@@ -181,11 +249,26 @@ def main() -> int:
             timed_steps, elapsed = step - args.warmup_steps, now - started
             if elapsed >= args.seconds and timed_steps >= 5:
                 break
+    profile = {}
+    if args.profile_steps:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            started = time.perf_counter()
+            for _ in range(args.profile_steps):
+                train_step(*next(batches))
+            profiled = time.perf_counter() - started
+        # Self time: an event's own wall time on its thread, less its children's, so wrappers
+        # (autograd nodes, the compiled region) do not count their ops twice; microseconds.
+        profile = {"profiled_ms_per_step": round(profiled * 1000 / args.profile_steps, 2),
+                   "ms_by_name": {e.key: e.self_cpu_time_total / 1000 / args.profile_steps
+                                  for e in prof.key_averages() if e.self_cpu_time_total}}
     print(json.dumps({"images_per_sec": round(timed_steps * args.batch_size / elapsed, 1),
                       "depth": args.depth, "precision": args.precision, "params": params,
                       "batch_size": args.batch_size, "memory_format": args.memory_format,
                       "compile": args.compile, "threads": args.threads,
-                      "timed_steps": timed_steps, "timed_seconds": round(elapsed, 2)}),
+                      "input": f"DataLoader, {args.workers} workers" if args.records
+                      else "in-memory", "torch": torch.__version__,
+                      "timed_steps": timed_steps, "timed_seconds": round(elapsed, 2),
+                      **profile}),
           flush=True)
     return 0
 
