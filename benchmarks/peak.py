@@ -30,6 +30,7 @@ import time
 from machine import print_machine_line
 
 from cifar10_estimator.config.settings import blocks_per_stage
+from cifar10_estimator.logs import import_tensorflow_quietly
 from cifar10_estimator.platform import cpu
 
 # The network's convolutions (model/resnet.py's NUM_FILTERS and STAGE_STRIDES): 3x3 kernels,
@@ -171,6 +172,7 @@ def main() -> None:
                      f"{args.images_per_sec!r}")
     cpu.prefer_onednn(os.environ)  # before TensorFlow loads, as the commands do
     print_machine_line()
+    import_tensorflow_quietly()
     import tensorflow as tf
 
     shapes = conv_shapes(args.depth)
@@ -197,8 +199,8 @@ def main() -> None:
                           for kind in ("forward", "backprop input", "backprop filter"))
     print(header)
     for shape in shapes:
-        line = (f"{shape['name']:<14} {shape['size']}x{shape['size']}x{shape['cin']:<4} "
-                f"{shape['cout']:>4} {shape['count']:>8}")
+        size = f"{shape['size']}x{shape['size']}x{shape['cin']}"
+        line = f"{shape['name']:<14} {size:>10} {shape['cout']:>4} {shape['count']:>8}"
         for p in precisions:
             for kind in ("forward", "backprop input", "backprop filter"):
                 value = gflops.get((shape["name"], kind, p))

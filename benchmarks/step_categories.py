@@ -40,6 +40,11 @@ RULES = (
 def category(name: str) -> str:
     """The category of one op type or profiler event ``name``."""
     lowered = name.lower()
+    if "cpp_fused" in lowered:
+        # Inductor's generated C++ kernels fuse element-wise work and batch norm, whatever
+        # else their names list (a fused kernel named after the convolution's backward holds
+        # the ops around it): the convolutions themselves are calls to oneDNN, named aten::.
+        return BATCH_NORM if "batch_norm" in lowered else ELEMENTWISE
     for needles, kind in RULES:
         if any(needle in lowered for needle in needles):
             return kind

@@ -16,6 +16,7 @@ update and the rest. The input pipeline and the hooks are not in a bare step: th
     python benchmarks/step_profile.py --depth 20 --batch-size 128
     python benchmarks/step_profile.py --no-keras --precision bf16 \
         --torch-python /tmp/torch-venv/bin/python     # on TF 2.16+ (Keras 3): ours only
+    python benchmarks/step_profile.py --no-keras --precision bf16 --inter-threads 1
 """
 
 import argparse
@@ -83,9 +84,10 @@ def _keras(depth: int, batch: int, precision: str):
 
 
 def profile(which: str, depth: int, batch: int, steps: int, trace_steps: int,
-            precision: str = "fp32") -> dict:
+            precision: str = "fp32", inter_threads: int = 0) -> dict:
     """Images/s and op time per step by op type, for one of the two steps, in the session
-    configuration our trainer uses (threads, soft placement)."""
+    configuration our trainer uses (threads, soft placement); ``inter_threads`` as the
+    trainer's ``--num-inter-threads`` (0: TensorFlow's choice)."""
     import tensorflow as tf
 
     from cifar10_estimator.config.settings import DevicesSection
@@ -93,7 +95,8 @@ def profile(which: str, depth: int, batch: int, steps: int, trace_steps: int,
 
     tf.compat.v1.disable_eager_execution()
     train_op = (_ours if which == "ours" else _keras)(depth, batch, precision)
-    with tf.compat.v1.Session(config=session_config(DevicesSection())) as sess:
+    config = session_config(DevicesSection(num_inter_threads=inter_threads))
+    with tf.compat.v1.Session(config=config) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(10):  # graph optimisation and oneDNN's first kernels
             sess.run(train_op)
@@ -130,6 +133,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per step")
     parser.add_argument("--no-keras", action="store_true", help="profile our step alone")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--inter-threads", type=int, default=0,
+                        help="TensorFlow's inter-op threads (0: its choice, as the trainer's "
+                             "default). 1 runs one op at a time: then each op's time is its "
+                             "own, not stretched by the ops running beside it")
     parser.add_argument("--torch-python",
                         help="a Python with torch 2.13: profile PyTorch's compiled step beside "
                              "(torch_resnet.py --compile, torch.profiler)")
@@ -142,7 +149,7 @@ def main() -> None:
 
         prepare_process(os.environ)  # before TensorFlow loads: tf.estimator's compat layer
         print(json.dumps(profile(args.child, args.depth, args.batch_size, args.steps,
-                                 args.trace_steps, args.precision)))
+                                 args.trace_steps, args.precision, args.inter_threads)))
         return
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # as the package's commands do
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -150,7 +157,8 @@ def main() -> None:
     commands = {which: [sys.executable, __file__, "--child", which, "--depth",
                         str(args.depth), "--batch-size", str(args.batch_size),
                         "--steps", str(args.steps), "--trace-steps", str(args.trace_steps),
-                        "--precision", args.precision]
+                        "--precision", args.precision, "--inter-threads",
+                        str(args.inter_threads)]
                 for which in (("ours",) if args.no_keras else ("ours", "keras"))}
     if args.torch_python:
         commands["pytorch compiled"] = [

@@ -237,9 +237,11 @@ def print_tables(depth: int, results: dict, runs: int) -> None:
         for row in row_names:
             if not any((row, mode, p) in results for mode in MODES):
                 continue
-            # Ours: the release's own trainer row (the label before "cifar10_estimator").
-            own = row if "cifar10_estimator" in row else next(
-                (r for r in row_names if "cifar10_estimator" in r), None)
+            # Against ours: a peer against our first row, a variant of ours against the first
+            # variant of its release (the label before "cifar10_estimator").
+            label = row[:row.index("cifar10_estimator")] if "cifar10_estimator" in row else ""
+            own = next((r for r in row_names if r.startswith(label + "cifar10_estimator")),
+                       next((r for r in row_names if "cifar10_estimator" in r), None))
             cells = []
             for mode in MODES:
                 values = results.get((row, mode, p))

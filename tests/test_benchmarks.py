@@ -36,6 +36,10 @@ def test_the_peak_script_counts_every_convolution_of_the_network(depth, convolut
     ("aten::mkldnn_convolution", step_categories.CONV_FORWARD),
     ("_MklNativeFusedBatchNormGradV3", step_categories.BATCH_NORM),
     ("cpp_fused__native_batch_norm_legit_functional_relu_0", step_categories.BATCH_NORM),
+    ("graph_0_cpp_fused__native_batch_norm_legit_functional_convolution_backward_native_batch_"
+     "norm_backward_threshold_backward_15", step_categories.BATCH_NORM),
+    ("graph_0_cpp_fused_add_convolution_backward_threshold_backward_3",
+     step_categories.ELEMENTWISE),
     ("ResourceApplyKerasMomentum", step_categories.UPDATE),
     ("Optimizer.step#SGD.step", step_categories.UPDATE),
     ("Cast", step_categories.CASTS),
