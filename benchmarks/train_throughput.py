@@ -62,7 +62,7 @@ PICKED = re.compile(r"^[\d:]+ precision auto: (\w+) .*?(measured now: .*? ([\d.]
 ENV_WORD = re.compile(r"^[A-Z][A-Z0-9_]*=")
 MODES = {"e2e": "end to end", "bare": "bare step"}
 auto_picks: dict[tuple, list[str]] = {}
-# Each row's release, from its runs' JSON lines (row -> "Keras 3.13.1, TF 2.21.0").
+# Each row's release, from its runs' JSON lines (row -> "keras 3.15.1, TF 2.21.0").
 releases: dict[str, str] = {}
 
 
