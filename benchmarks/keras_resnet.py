@@ -29,6 +29,7 @@ from machine import print_machine_line
 
 from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import settings as params
+from cifar10_estimator.data import schema
 from cifar10_estimator.platform import cpu
 from cifar10_estimator.platform.precision import resolve_precision
 
@@ -236,7 +237,7 @@ def record_batches(data_dir: str, batch_size: int, seed: int = 0):
     """
     import tensorflow as tf
 
-    from cifar10_estimator.data import pipeline, schema
+    from cifar10_estimator.data import pipeline
 
     def parse_and_augment(serialized):
         features = tf.io.parse_single_example(serialized, schema.FEATURE_SPEC)
@@ -278,6 +279,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.warmup_steps < 1 or args.batch_size < 1 or args.seconds <= 0:
         raise UserError("--warmup-steps and --batch-size must be 1 or more, --seconds above 0")
+    if args.data_dir and not os.path.isfile(schema.record_path(args.data_dir, "train")):
+        raise UserError(f"--data-dir: no train.tfrecords in {args.data_dir!r}; make the records "
+                        "with tools/generate_tfrecords.py --data-dir DIR (--sample for sample data)")
     expected = expected_params(args.depth)
 
     # Before TensorFlow loads, as our command lines do (cpu.py says why).

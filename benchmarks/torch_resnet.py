@@ -188,6 +188,9 @@ def main() -> int:
             or args.workers < 0):
         raise UserError("--warmup-steps, --batch-size and --threads must be 1 or more, "
                         "--workers 0 or more, --seconds above 0")
+    if args.records and not os.path.isfile(args.records):
+        raise UserError(f"--records: no file {args.records!r}; give an .npz of uint8 images "
+                        "[N,32,32,3] and labels [N] (train_throughput.py writes one)")
     expected = expected_params(args.depth)
     print_machine_line()
     # PyTorch's CPU convolutions are oneDNN's (always built in), under the same ISA cap.
