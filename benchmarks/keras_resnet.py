@@ -280,8 +280,9 @@ def main() -> int:
     if args.warmup_steps < 1 or args.batch_size < 1 or args.seconds <= 0:
         raise UserError("--warmup-steps and --batch-size must be 1 or more, --seconds above 0")
     if args.data_dir and not os.path.isfile(schema.record_path(args.data_dir, "train")):
-        raise UserError(f"--data-dir: no train.tfrecords in {args.data_dir!r}; make the records "
-                        "with tools/generate_tfrecords.py --data-dir DIR (--sample for sample data)")
+        raise UserError(f"--data-dir: no train.tfrecords in {args.data_dir!r}; make the "
+                        "records with tools/generate_tfrecords.py --data-dir DIR (--sample "
+                        "for sample data)")
     expected = expected_params(args.depth)
 
     # Before TensorFlow loads, as our command lines do (cpu.py says why).

@@ -29,22 +29,19 @@ import time
 
 from machine import print_machine_line
 
+from keras_resnet import STAGES, STEM_FILTERS  # the network's filters and strides, once
+
+from cifar10_estimator.config.plan import DTYPES
 from cifar10_estimator.config.settings import blocks_per_stage
+from cifar10_estimator.data.schema import CHANNELS, HEIGHT
 from cifar10_estimator.logs import import_tensorflow_quietly
 from cifar10_estimator.platform import cpu
 
-# The network's convolutions (model/resnet.py's NUM_FILTERS and STAGE_STRIDES): 3x3 kernels,
-# the stem from the 3 colour channels to 16 filters, then stages of 16, 32 and 64 filters.
-KERNEL = 3
-STEM = 16
-STAGES = ((16, 1), (32, 2), (64, 2))
-PICTURE = 32
-CHANNELS = 3
+KERNEL = 3  # every convolution of the network is 3x3 (He et al. 2015, section 4.2)
 # Distinct inputs per timed call: enough that a 0.3 ms convolution outweighs the ~50 us a
 # tf.function call costs, few enough to stay in the L3 cache of these CPUs with the outputs.
 CALLS_PER_BATCH = 4
 MATMUL = 4096  # the large matmul's side: 137 GFLOP a call, far past any cache
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def conv_shapes(depth: int) -> list[dict]:
@@ -55,9 +52,9 @@ def conv_shapes(depth: int) -> list[dict]:
     needs the gradient of the picture.
     """
     n = blocks_per_stage(depth)
-    shapes = [dict(name="stem", size=PICTURE, cin=CHANNELS, cout=STEM, stride=1, count=1,
-                   backprop_input=False)]
-    size, cin = PICTURE, STEM
+    shapes = [dict(name="stem", size=HEIGHT, cin=CHANNELS, cout=STEM_FILTERS, stride=1,
+                   count=1, backprop_input=False)]
+    size, cin = HEIGHT, STEM_FILTERS
     for stage, (cout, stride) in enumerate(STAGES, start=1):
         repeats = 2 * n
         if stride > 1:
