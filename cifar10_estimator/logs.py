@@ -13,7 +13,10 @@ and ``setup_logging``:
   the module that emits them, not by their wording;
 - of TensorFlow's INFO lines, only those whose message template is in ``TF_INFO_SHOWN`` (a
   checkpoint saved, a checkpoint restored, training's last step). The tests check that each
-  one still appears, so a reworded template fails the suite instead of vanishing.
+  one still appears, so a reworded template fails the suite instead of vanishing;
+- a failure TensorFlow reports twice is shown once, where it is raised: its event-file
+  writer thread logs its error and dies with a traceback (a full disk, a store gone), then
+  the same error is raised in the training loop, which the command turns into its one line.
 
 ``--verbose`` shows everything. Library code never calls these: they change process-wide state.
 ``setup_logging`` returns what undoes its changes, for ``train.run`` called from another
@@ -24,6 +27,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import warnings
 from typing import Callable, Iterator
 
@@ -77,9 +81,26 @@ class _QuietFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("tensorflow"):
             return True  # the package's own
-        if record.module == _DEPRECATION_MODULE:
+        if record.module == _DEPRECATION_MODULE or record.msg == _EVENT_WRITER_ERROR:
             return False
         return record.levelno >= logging.WARNING or record.msg in TF_INFO_SHOWN
+
+
+# tensorflow/python/summary/writer/event_file_writer.py: the writer thread's own report of the
+# error that ends it (and that the next write or flush raises in the training loop).
+_EVENT_WRITER_ERROR = "EventFileWriter writer thread error: %s"
+_EVENT_WRITER_THREAD = "EventLoggerThread"  # the same file's thread name
+
+
+def _quiet_event_writer_thread(previous: Callable) -> Callable:
+    """A ``threading.excepthook`` that drops the traceback TensorFlow's event-file writer
+    thread dies with (the error is raised again where the events are written) and passes
+    every other thread's exception to ``previous``."""
+    def hook(args) -> None:
+        if args.thread is not None and args.thread.name == _EVENT_WRITER_THREAD:
+            return
+        previous(args)
+    return hook
 
 
 # A Python warning tf.distribute's input pipeline gives every run of a strategy in graph mode
@@ -109,8 +130,10 @@ def setup_logging(verbose: bool) -> Callable[[], None]:
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    excepthook = threading.excepthook
     if not verbose:
         handler.addFilter(_QuietFilter())
+        threading.excepthook = _quiet_event_writer_thread(excepthook)
     for logger in loggers:
         logger.handlers[:] = [handler]
         logger.setLevel(logging.INFO)
@@ -118,6 +141,7 @@ def setup_logging(verbose: bool) -> Callable[[], None]:
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)  # the tensorflow logger's
 
     def restore() -> None:
+        threading.excepthook = excepthook
         for logger, handlers, level, propagate in saved:
             logger.handlers[:] = handlers
             logger.setLevel(level)

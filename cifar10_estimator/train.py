@@ -37,6 +37,12 @@ from cifar10_estimator.platform.process import prepare_process, restore_process
 log = logging.getLogger("cifar10_estimator")
 
 TF_CONFIG_ENV = "TF_CONFIG"
+# TensorFlow's C++ log while training: fatal lines only, errors too with --verbose. Its error
+# lines come beside an error raised in Python (which the command prints as its one line, or
+# as a traceback) or from a fault the run outlives: a full job dir printed "events_writer.cc:
+# Write failed because file could not be opened" above the one-line error (issue 76).
+CPP_LOG_LEVEL = "3"
+CPP_LOG_LEVEL_VERBOSE = "2"
 
 
 def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
@@ -78,7 +84,8 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     checks.check_cluster(settings.cluster.distribution_strategy, role)
     with contextlib.ExitStack() as undo:
         _set_for_this_run(TF_CONFIG_ENV, for_estimator, undo)
-        set_env = prepare_process(os.environ)  # before TensorFlow loads
+        set_env = prepare_process(  # before TensorFlow loads
+            os.environ, cpp_log_level=CPP_LOG_LEVEL_VERBOSE if verbose else CPP_LOG_LEVEL)
         undo.callback(restore_process, os.environ, set_env)
         undo.callback(logs.setup_logging(verbose))
         for name, (value, variable) in from_engine.items():

@@ -178,38 +178,79 @@ def _small_file_system_available(cwd) -> str:
     return "" if probe.returncode == 0 else f"cannot mount a tmpfs here: {probe.stderr.strip()}"
 
 
-def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
-        tiny_records, tmp_path):
+# The one line a trainer ends with when its job dir has no room (group 1: what it could not
+# write; group 2: the checkpoint it keeps).
+_NO_ROOM_LINE = re.compile(
+    r"cifar10_estimator: error: cannot write (a checkpoint|TensorBoard events) in --job-dir "
+    r"\S+ \(No space left on device\); the latest checkpoint, (\S+), is kept\. Free space "
+    r"\(or raise the quota\) and rerun the same command to resume")
+
+
+def _train_in_small_file_system(tiny_records, tmp_path, size: str, meanwhile: str = ""):
+    """Trains ResNet-8 for up to 400 steps, a checkpoint every 20, in a job dir on a tmpfs of
+    ``size`` of its own, with the shell command ``meanwhile`` in the background (it may name
+    the job dir as JOB; a file it leaves in the job dir called filler is removed after); the
+    job dir is then copied out. Returns the run and the copy's path."""
     unavailable = _small_file_system_available(tmp_path)
     if unavailable:
         pytest.skip(unavailable)
-    # A 3 MB file system of the job's own: the step-0 checkpoint and the graph fit, and a few
-    # checkpoints of ResNet-8 (about 0.6 MB each) fill it.
     data_dir, _ = tiny_records
     job_dir, kept = tmp_path / "job", tmp_path / "kept"
     job_dir.mkdir()
     flags = trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps", "400",
                          "--save-checkpoints-steps", "20")
     command = " ".join([sys.executable, "-m", "cifar10_estimator", *flags])
+    background = f"({meanwhile.replace('JOB', str(job_dir))}) &" if meanwhile else ""
     proc = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-         f"mount -t tmpfs -o size=3m tmpfs {job_dir} && {command}; status=$?; "
-         f"cp -a {job_dir}/. {kept}/; exit $status"],
+         f"mount -t tmpfs -o size={size} tmpfs {job_dir} && {background} {command}; "
+         f"status=$?; wait; rm -f {job_dir}/filler; cp -a {job_dir}/. {kept}/; exit $status"],
         capture_output=True, text=True, cwd=tmp_path, env=trainer_env(), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    line = proc.stderr.strip().splitlines()[-1]
-    match = re.fullmatch(r"cifar10_estimator: error: cannot write a checkpoint in --job-dir "
-                         r"\S+ \(No space left on device\); the latest checkpoint, (\S+), is "
-                         r"kept\. Free space \(or raise the quota\) and rerun the same command "
-                         r"to resume", line)
-    assert match, line
-    latest = tf.train.latest_checkpoint(str(kept))
-    assert os.path.basename(latest) == os.path.basename(match.group(1))
-    assert checkpoint_step(latest) > 0
-    assert not [p for p in os.listdir(kept) if p.endswith("_temp")]  # partial shards removed
-    # It loads: the same command, with room, resumes from it.
+    return proc, kept
+
+
+def _resumes(tiny_records, tmp_path, kept, latest) -> None:
+    """The same command, with room, resumes from ``latest``: it loads."""
+    data_dir, _ = tiny_records
     rerun = run_trainer(*trainer_args(data_dir, kept, "--progress-secs", "1",
                                       "--train-steps", str(checkpoint_step(latest) + 2)),
                         cwd=tmp_path, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from {latest}" in rerun.stderr
+
+
+def test_a_checkpoint_that_does_not_fit_stops_training_and_keeps_the_last_one(
+        tiny_records, tmp_path):
+    # A 3 MB file system of the job's own: the step-0 checkpoint and the graph fit, and a few
+    # checkpoints of ResNet-8 (about 0.6 MB each) fill it.
+    proc, kept = _train_in_small_file_system(tiny_records, tmp_path, "3m")
+    line = proc.stderr.strip().splitlines()[-1]
+    match = _NO_ROOM_LINE.fullmatch(line)
+    assert match and match.group(1) == "a checkpoint", line
+    latest = tf.train.latest_checkpoint(str(kept))
+    assert os.path.basename(latest) == os.path.basename(match.group(2))
+    assert checkpoint_step(latest) > 0
+    assert not [p for p in os.listdir(kept) if p.endswith("_temp")]  # partial shards removed
+    _resumes(tiny_records, tmp_path, kept, latest)
+
+
+def test_a_job_dir_that_fills_after_a_checkpoint_ends_in_one_line_and_resumes(
+        tiny_records, tmp_path):
+    # Room for the checkpoints, then none: a file fills the job's own 20 MB file system as soon
+    # as the step-20 checkpoint is written, so the next write that needs room (the evaluation's
+    # event file, TensorBoard's events or the next checkpoint) finds none. TensorFlow's event
+    # writer thread died with a traceback, its own error line and a C++ error line before the
+    # one-line error (issue 76).
+    proc, kept = _train_in_small_file_system(
+        tiny_records, tmp_path, "20m", "while [ ! -e JOB/model.ckpt-20.index ]; do sleep 0.1; "
+        "done; dd if=/dev/zero of=JOB/filler bs=64k 2>/dev/null")
+    lines = proc.stderr.strip().splitlines()
+    assert _NO_ROOM_LINE.fullmatch(lines[-1]), lines[-1]
+    # Every line before it is one of the run's own timestamped lines, none of them an error.
+    stray = [line for line in lines[:-1]
+             if not re.match(r"\d\d:\d\d:\d\d ", line) or "error" in line.lower()]
+    assert not stray, stray
+    latest = tf.train.latest_checkpoint(str(kept))
+    assert checkpoint_step(latest) >= 20
+    _resumes(tiny_records, tmp_path, kept, latest)

@@ -51,12 +51,13 @@ def test_a_refused_run_ends_warm_as_it_ends_cold(tmp_path):
     assert "train.tfrecords not found" in warm.stderr
 
 
-def test_predict_and_evaluate_share_a_server_and_each_runs_as_its_own_command(tmp_path):
-    # Both load TensorFlow with the same settings (C++ log level 3), so one server forks both.
+def test_the_commands_share_a_server_and_each_runs_as_its_own_command(tmp_path):
+    # The trainer (without --verbose), predict and evaluate load TensorFlow with the same
+    # settings (C++ log level 3), so one server forks all three.
     predict, evaluate = "cifar10_estimator.predict", "cifar10_estimator.evaluate"
-    assert warm_start._served_with(predict) == warm_start._served_with(evaluate) == (
-        predict, evaluate)
-    assert warm_start._served_with(warm_start.TRAINER) == (warm_start.TRAINER,)
+    assert (warm_start._served_with(predict) == warm_start._served_with(evaluate)
+            == warm_start._served_with(warm_start.TRAINER)
+            == (warm_start.TRAINER, predict, evaluate))
     for module in (predict, evaluate):
         assert _warm(["--help"], module=module)
         warm, cold = run_module(module, "--help"), run_module(module, "--help", cold=True)
