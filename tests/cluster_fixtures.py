@@ -239,8 +239,8 @@ def _is_trainer(pid: int) -> bool:
 def stop_cluster(launcher: subprocess.Popen, log, grace: float = 60) -> None:
     """Ends a launcher (``python -m cifar10_estimator.cluster``) that is still running, and
     every task it started: SIGTERM first (the launcher then stops its tasks in order), SIGKILL
-    for whatever is left after ``grace`` seconds. Its tasks run in their own sessions, so a
-    killed launcher alone would leave them training on this machine's two cores."""
+    for whatever is left after ``grace`` seconds (a killed launcher's tasks get SIGTERM from
+    the kernel, and one that ignores it would go on training on this machine's two cores)."""
     if launcher.poll() is None:
         launcher.send_signal(signal.SIGTERM)
         try:
@@ -307,6 +307,10 @@ class Launcher:
 
     def pids(self) -> dict[str, int]:
         return cluster_pids(self.log)
+
+    def running(self) -> list[str]:
+        """The tasks whose latest start still runs a command of the package."""
+        return [name for name, pid in self.pids().items() if _is_trainer(pid)]
 
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout)

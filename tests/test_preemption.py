@@ -168,6 +168,42 @@ def test_the_launcher_restarts_tasks_a_signal_stopped_and_the_job_still_finishes
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= 150
 
 
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_a_killed_launcher_stops_its_tasks_and_the_same_command_resumes(
+        tiny_records, tmp_path, launch):
+    # kill -9 of the launcher (a lost terminal, the out-of-memory killer): its tasks, each in a
+    # session of its own, trained on, held the job dir's lock and refused the rerun. Now the
+    # kernel sends each one SIGTERM: they save and stop, and the same command resumes.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    # Training without end, and no checkpoint but the first: only a save on SIGTERM leaves
+    # another one. (Before, the tasks trained on, their output to the dead launcher's pipe
+    # lost.)
+    def command(steps: int) -> list[str]:
+        return ["--evaluator", "--", *trainer_args(data_dir, job_dir, "--progress-secs", "0.2",
+                                                   "--train-steps", str(steps),
+                                                   "--save-checkpoints-steps", "100000")]
+
+    cluster = launch(command(100000), tmp_path / "cluster.log")
+    cluster.wait_for(r"\[cluster\] started evaluator \(pid \d+\)", r"\[chief\] .*step \d+/",
+                     timeout=180)
+    assert sorted(cluster.running()) == ["chief", "evaluator", "ps0", "worker0"]
+    cluster.process.kill()
+    cluster.process.wait()
+    deadline = time.monotonic() + 60
+    while cluster.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not cluster.running(), cluster.text()[-3000:]
+    saved = checkpoint_step(tf.train.latest_checkpoint(job_dir))
+    assert saved > 0, cluster.text()[-3000:]  # the chief's save on SIGTERM
+    # The same command (to an end, here) resumes from it.
+    rerun = launch(command(saved + 20), tmp_path / "rerun.log")
+    assert rerun.wait(300) == 0, rerun.text()[-4000:]
+    assert re.search(rf"\[chief\] .*resuming from \S+model\.ckpt-{saved}\b", rerun.text())
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= saved + 20
+
+
 def _small_file_system_available(cwd) -> str:
     """'' if this machine lets an unprivileged process mount its own tmpfs, else why not."""
     if not shutil.which("unshare"):

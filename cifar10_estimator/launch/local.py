@@ -7,11 +7,13 @@ joined between fork and exec, or this host's). A local task has nowhere else to 
 is never lost, so a task that failed fails the job.
 """
 
+import signal
 import subprocess
 import sys
 from typing import Mapping, Optional, Sequence
 
 from cifar10_estimator.launch.layout import LaunchedTask, Network
+from cifar10_estimator.platform.parent_death import end_with_parent
 
 
 class LocalProcesses:
@@ -27,15 +29,21 @@ class LocalProcesses:
 
     def spawn(self, task: LaunchedTask, trainer_args: Sequence[str], env: Mapping[str, str]
               ) -> subprocess.Popen:
+        end = end_with_parent(signal.SIGTERM)
+
+        def preexec() -> None:
+            # Into the cluster's namespace between fork and exec, where the child is
+            # single-threaded (setns into a user namespace requires it); no wrapper process,
+            # so the pid the launcher says is the task's.
+            self.network.join()
+            # A launcher killed (kill -9, a lost terminal) stops its tasks as a preemption
+            # does: each saves and exits, and the same command resumes the job.
+            end()
         return subprocess.Popen(
             [self.python, "-m", "cifar10_estimator", *trainer_args],
             env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             # Own process group: Ctrl-C reaches the launcher, which stops tasks in order.
-            start_new_session=True,
-            # Into the cluster's namespace between fork and exec, where the child is
-            # single-threaded (setns into a user namespace requires it); no wrapper process, so
-            # the pid the launcher says is the task's.
-            preexec_fn=self.network.join if self.network.namespace is not None else None)
+            start_new_session=True, preexec_fn=preexec)
 
     def where(self, task: LaunchedTask) -> str:
         return ""  # this host, which the network line has named

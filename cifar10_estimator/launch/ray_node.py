@@ -9,7 +9,6 @@ top, so nothing here reads the environment itself (docs/architecture.md).
 """
 
 import collections
-import ctypes
 import os
 import signal
 import socket
@@ -19,26 +18,11 @@ import threading
 from typing import Optional
 
 from cifar10_estimator.launch import ports
+from cifar10_estimator.platform.parent_death import end_with_parent
 
 # POSIX's env utility, by the path every Linux and macOS has it at, found without the node's
 # PATH.
 ENV = "/usr/bin/env"
-
-
-# Linux's prctl option that has the kernel send a signal to a process when the thread that
-# started it ends (prctl(2), PR_SET_PDEATHSIG); it survives the exec of env(1) and Python.
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Between fork and exec of the trainer: SIGKILL it when its actor's process ends (its node
-    died, or Ray stopped the actor). A trainer outliving its actor would go on training, and
-    holding the job dir's lock, beside the job the launcher places again (``ray_actors``).
-    Elsewhere than on Linux, nothing (the trainer is then ended through its actor only)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class TaskRunner:
@@ -84,7 +68,10 @@ class TaskRunner:
             [ENV, "--", *(f"{name}={value}" for name, value in env.items()),
              sys.executable, "-m", "cifar10_estimator", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True, preexec_fn=_die_with_parent)
+            # SIGKILL once this actor's process ends (its node died, or Ray stopped the
+            # actor): a trainer outliving its actor would go on training, holding the job
+            # dir's lock, beside the job the launcher places again (``ray_actors``).
+            start_new_session=True, preexec_fn=end_with_parent(signal.SIGKILL))
         self._reader = threading.Thread(target=self._read, args=(self._process,), daemon=True)
         self._reader.start()
         return self._process.pid

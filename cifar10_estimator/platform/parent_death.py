@@ -1,0 +1,34 @@
+"""A child process that ends when the process that started it ends: Linux's
+``PR_SET_PDEATHSIG`` (prctl(2)), set between fork and exec.
+
+The launchers start each trainer in a session of its own (so that Ctrl-C reaches the launcher,
+which stops its tasks in order). Without this, a launcher that is killed (``kill -9``, the
+out-of-memory killer, a lost SSH session's SIGHUP) leaves its trainers running: training on,
+holding the job dir's lock, refusing the rerun that would resume the job.
+"""
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Callable
+
+# prctl(2)'s option: the signal the kernel sends the calling process when the thread that
+# created it ends; it survives the exec of the trainer.
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` (call it in the parent, before the fork) that has the kernel send the
+    child ``signum`` once the thread that forked it ends. A parent already gone by the time
+    the child sets it (it died between fork and prctl) is caught too: the child then signals
+    itself. Elsewhere than on Linux, nothing."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signum)
+    return preexec
