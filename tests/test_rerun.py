@@ -90,3 +90,20 @@ def test_a_new_run_length_under_a_whole_run_schedule_is_refused_unless_told(
 
 # A new run length under the piecewise schedule just trains longer: the finished job's last
 # run above (3 steps, then 5).
+
+
+def test_a_save_killed_midway_leaves_nothing_once_the_job_resumes(tiny_records, tmp_path):
+    # What a trainer killed inside the save of step 3 leaves (a chaos campaign found one left
+    # at the end of a finished job, issue 76): the shards under model.ckpt-3_temp, no index,
+    # no entry in the checkpoint file. The rerun resumes from step 2 and removes them.
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "2"))
+    partial = job_dir / "model.ckpt-3_temp"
+    partial.mkdir()
+    for shard in job_dir.glob("model.ckpt-2.data-*"):
+        shutil.copy(shard, partial / f"part-00000-of-00001{shard.suffix}")
+    resumed = train.run(trainer_args(data_dir, job_dir, *QUICK, "--train-steps", "4"))
+    assert resumed.steps_trained == 2
+    assert not [p for p in os.listdir(job_dir) if p.endswith("_temp")]
+

@@ -7,9 +7,10 @@ package did not write). ``training_errors`` turns the TensorFlow errors a user c
 into one-line ``UserError`` messages: a corrupt or truncated record file (named), a loss that
 became NaN, a checkpoint that does not fit the model, a checkpoint that cannot be written (a
 full disk or a quota, recognised by the operating system's own words for them). Interrupted
-runs need no guard: TensorFlow writes each checkpoint's files and then atomically replaces the
+runs need little: TensorFlow writes each checkpoint's files and then atomically replaces the
 ``checkpoint`` index, so a kill at any moment leaves the previous checkpoint as the latest, and
-a rerun resumes from it.
+a rerun resumes from it; the shards a save killed midway left are removed by the next holder
+of the job dir's lock (``remove_unfinished_saves``).
 """
 
 import contextlib
@@ -120,6 +121,16 @@ def _full_disk(message: str) -> Optional[str]:
     return None
 
 
+def remove_unfinished_saves(job_dir: str) -> None:
+    """Removes what saves that never finished left in ``job_dir``: the ``<prefix>_temp`` shards
+    of a trainer killed inside a save. Nothing refers to them (TensorFlow writes a
+    checkpoint's index and the ``checkpoint`` file after its shards), and a later save of the
+    same step left the folder behind, its own files merged out of it. Only the holder of the
+    job dir's lock calls this, when no other trainer saves there."""
+    for partial in tf.io.gfile.glob(os.path.join(job_dir, "*_temp")):
+        tf.io.gfile.rmtree(partial)
+
+
 def _unwritable_checkpoint(job_dir: str, reason: str, what: str = "a checkpoint") -> str:
     """Cleans up a failed save and says what is kept.
 
@@ -127,8 +138,7 @@ def _unwritable_checkpoint(job_dir: str, reason: str, what: str = "a checkpoint"
     the ``checkpoint`` file, so the previous checkpoint stays the latest; the partial shards
     are removed to give the space back.
     """
-    for partial in tf.io.gfile.glob(os.path.join(job_dir, "*_temp")):
-        tf.io.gfile.rmtree(partial)
+    remove_unfinished_saves(job_dir)
     latest = tf.train.latest_checkpoint(job_dir)
     kept = (f"the latest checkpoint, {latest}, is kept" if latest
             else "no checkpoint was written yet")

@@ -138,6 +138,7 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
         guards.check_job_dir(output.job_dir, model, info.num_classes)
         lock = stack.enter_context(JobLock(output.job_dir))
         before_exit(lambda _: lock.release())
+        guards.remove_unfinished_saves(output.job_dir)  # a killed save's, now nobody saves
     recorded = settings_record.read(output.job_dir) or {}
     precision = precision_probe.choose_training(
         model, schedule, devices, session_config(devices, logging_.log_device_placement),
