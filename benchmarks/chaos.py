@@ -1,0 +1,619 @@
+"""Chaos: real jobs on the local cluster launcher, hit by a seeded schedule of mixed faults,
+with invariants checked after each job (issue 76).
+
+Each job is ``python -m cifar10_estimator.cluster`` as a user starts it, training ResNet-8 on
+the built-in sample data: ``--engines ps`` a chief, a worker, a parameter server and an
+evaluator; ``allreduce`` the same with ``--distribution-strategy multi-worker-mirrored`` (no
+parameter server). Its job dir is a tmpfs of its own (``--disk-mb``), which the ``disk`` fault
+fills. While it runs, a schedule seeded by ``--seed`` waits ``--gap`` seconds (uniform) and
+draws one fault from ``--kinds``:
+
+- ``kill``, ``term``: SIGKILL or SIGTERM to a random task (the launcher starts a task a signal
+  ended again, as Kubernetes' ExitCode restart policy does);
+- ``stop``: SIGSTOP to a random task, SIGCONT after ``--hold`` seconds;
+- ``launcher``: SIGKILL to the launcher itself (the local engine's lost node): its tasks get
+  SIGTERM from the kernel, and the user runs the same command again;
+- ``links``: the packets to and from a random task's port dropped for ``--hold`` seconds, with
+  ``tc`` (``u32`` filters on the port into an ``htb`` class of 8 bits a second) on the
+  loopback of the cluster's own network namespace, entered with ``nsenter``;
+- ``disk``: the job dir filled (a file of zeros) for ``--hold`` seconds, then freed; a task
+  that finds no room stops with its one-line error, and the user, once space is free, runs
+  the same command again;
+- ``save``, ``eval``, ``export``: SIGKILL timed inside a checkpoint save (the chief, once a
+  ``model.ckpt-N_temp`` folder appears), an evaluation (the evaluator, on its "Restoring
+  parameters" line) or an export (whoever writes a ``.N.tmp`` folder under ``export/``).
+
+A job ends when its launcher exits 0; a launcher that ends otherwise (killed, a task that
+failed) is run again with the same command once its tasks are gone and any fault on the disk
+or the links is undone, at most ``--reruns`` times. After each job, these invariants (a table):
+
+- **end**: exit 0, the final checkpoint at ``--train-steps`` (or a step or two past it: the
+  steps asynchronous workers had in flight), an export and the report;
+- **accuracy**: the final evaluation within noise of an undisturbed job of the same seed run
+  first (the noise: 3 binomial standard errors of the difference of two accuracies on the
+  evaluation split, sqrt(2 p (1 - p) / n));
+- **checkpoints**: every checkpoint left in the job dir loads (its variables read back);
+- **one chief**: never two chief processes alive at once (sampled at every tick) and no
+  refusal of a second trainer on the job dir;
+- **redone**: per restart of the chief, the highest global step any task logged before it
+  minus the step it resumed from; held when at most the checkpoint interval plus the steps
+  the cluster trained while the chief could not save (stopped, or gone);
+- **left**: no process of the job, no ``_temp`` checkpoint folder and no ``.tmp`` export left;
+- **quiet**: no traceback, no thread's exception, no error-level line of TensorFlow's (C++
+  ``E``/``F`` lines, Python ``ERROR``) in any task's output; an error a task ended with is one
+  ``cifar10_estimator: error:`` line.
+
+Runs as root (``mount``, ``nsenter``, ``tc``); a kind the machine cannot do is left out, and
+the first lines say which.
+
+    python benchmarks/chaos.py --engines ps,allreduce --minutes 60 --seed 1
+    python benchmarks/chaos.py --engines ps --minutes 3 --seed 7 --gap 5,15   # CI's slice
+"""
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from machine import print_machine_line
+from sample_records import make_sample_records
+
+TIMED = ("save", "eval", "export")  # kinds armed now, landed when their moment comes
+KINDS = ("kill", "term", "stop", "launcher", "links", "disk", "save", "eval", "export")
+ENGINES = {
+    "ps": ["--num-workers", "2", "--num-ps", "1", "--evaluator"],
+    "allreduce": ["--num-workers", "2", "--evaluator"],
+}
+ENGINE_TRAINER_FLAGS = {
+    "ps": [],
+    "allreduce": ["--distribution-strategy", "multi-worker-mirrored"],
+}
+STARTED = re.compile(r"^\[cluster\] started (\w+) \(pid (\d+)\)", re.M)
+CLUSTER = re.compile(r"^\[cluster\] cluster (\{.*\})$", re.M)
+TASK_LINE = re.compile(r"^\[(\w+)\] (.*)$")
+STEP = re.compile(r"(?:\bstep (\d+)/\d+ |Saving checkpoints for (\d+) into)")
+RESUMED = re.compile(r"resuming from \S*model\.ckpt-(\d+)")
+FINAL = re.compile(r"final evaluation at step (\d+): accuracy = ([0-9.]+)")
+# TensorFlow's C++ log lines of error or fatal level, and Python logging's default format.
+ERROR_LINE = re.compile(r"^(?:[EF]\d{4} |ERROR:)")
+OUR_ERROR = "cifar10_estimator: error:"
+IN_USE = "is in use by another trainer"  # jobdir/lock.py's refusal
+METADATA = "cifar10_records.json"  # the generator's (data/metadata.py), with each split's count
+PROGRESS_SECS = 1  # the tasks' --progress-secs: how stale a task's last logged step can be
+TICK = 0.02  # seconds between the schedule's looks at the job (a save of ResNet-8 takes ~0.1 s)
+
+
+@dataclasses.dataclass
+class Fault:
+    kind: str
+    at: float  # seconds into the job
+    target: str = ""
+    undo_at: Optional[float] = None
+    undo: Optional[object] = None  # a callable that undoes it
+    landed: bool = False  # a timed kind whose moment came (a save, an evaluation, an export)
+    since: Optional[int] = None  # eval: where in the output an evaluation must start
+
+
+@dataclasses.dataclass
+class Run:
+    """One launcher process of a job and what it printed."""
+    process: subprocess.Popen
+    log: str
+    pids: dict = dataclasses.field(default_factory=dict)  # task -> latest pid
+    chiefs: list = dataclasses.field(default_factory=list)  # every chief pid started
+
+    def text(self) -> str:
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def _job_processes(job_dir: str) -> list[int]:
+    """Every process of this machine whose command line names ``job_dir``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if job_dir.encode() in f.read() and _alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def _signal(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+class Links:
+    """Drops every packet to and from one port on the loopback of the network namespace of
+    process ``pid``, until ``restore``. The namespace is held open from the start, so that the
+    cut is undone in it even after that process has ended (a restarted task joins it again)."""
+
+    def __init__(self, pid: int, port: int):
+        self.namespace = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        self.port = port
+
+    def _tc(self, *args: str) -> None:
+        subprocess.run(["nsenter", f"--net=/proc/self/fd/{self.namespace}", "tc", *args],
+                       check=True, capture_output=True, timeout=10, pass_fds=(self.namespace,))
+
+    def cut(self) -> None:
+        # Kernels without netem, prio or tc actions (this one's) still have htb and u32: the
+        # port's packets go to a class of 8 bits a second whose queue holds one packet, so all
+        # but a packet a minute are dropped; the rest of the loopback's traffic goes as before.
+        self._tc("qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10",
+                 "r2q", "100000")
+        self._tc("class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate",
+                 "10gbit")
+        self._tc("class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb", "rate",
+                 "8bit", "ceil", "8bit", "burst", "1", "cburst", "1")
+        self._tc("qdisc", "add", "dev", "lo", "parent", "1:20", "handle", "20:", "pfifo",
+                 "limit", "1")
+        for way in ("dport", "sport"):
+            self._tc("filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio",
+                     "1", "u32", "match", "ip", way, str(self.port), "0xffff", "flowid", "1:20")
+
+    def restore(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self._tc("qdisc", "del", "dev", "lo", "root")
+        os.close(self.namespace)
+
+
+class Job:
+    """One job of an engine: its command, its runs, the faults that hit it."""
+
+    def __init__(self, engine: str, number: int, args, data_dir: str, work: str,
+                 rng: random.Random, kinds: tuple, disturbed: bool):
+        self.engine, self.args, self.rng, self.kinds = engine, args, rng, kinds
+        self.disturbed = disturbed
+        self.folder = os.path.join(work, f"{engine}-{number}")
+        self.job_dir = os.path.join(self.folder, "job")
+        os.makedirs(self.job_dir)
+        self.mounted = False
+        if "disk" in kinds:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_mb}m", "tmpfs",
+                            self.job_dir], check=True, capture_output=True)
+            self.mounted = True
+        self.command = [sys.executable, "-m", "cifar10_estimator.cluster", *ENGINES[engine],
+                        "--", "--data-dir", data_dir, "--job-dir", self.job_dir,
+                        "--num-layers", "8", "--train-batch-size", "8", "--eval-batch-size",
+                        "8", "--train-steps", str(args.train_steps), "--save-checkpoints-steps",
+                        str(args.checkpoint_steps), "--progress-secs", str(PROGRESS_SECS),
+                        "--seed", str(args.seed), "--max-worker-delay-secs", "0",
+                        *ENGINE_TRAINER_FLAGS[engine]]
+        self.runs: list[Run] = []
+        self.faults: list[Fault] = []
+        self.two_chiefs = 0
+        self.started = time.monotonic()
+
+    # --- the runs -------------------------------------------------------------------------
+
+    def _start_run(self) -> Run:
+        log = os.path.join(self.folder, f"run-{len(self.runs)}.log")
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        with open(log, "w") as out:
+            process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, cwd=self.folder, env=env,
+                                       start_new_session=True)
+        run = Run(process, log)
+        self.runs.append(run)
+        return run
+
+    def _refresh(self, run: Run) -> None:
+        for name, pid in STARTED.findall(run.text()):
+            run.pids[name] = int(pid)
+            if name == "chief" and int(pid) not in run.chiefs:
+                run.chiefs.append(int(pid))
+
+    def _wait_gone(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while _job_processes(self.job_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in _job_processes(self.job_dir):  # what would not end: counted as left over
+            _signal(pid, signal.SIGKILL)
+
+    def run(self, deadline: float) -> int:
+        """Runs the job to its end (reruns included); returns the last launcher's status."""
+        next_fault = self._next_gap()
+        for _ in range(self.args.reruns + 1):
+            run = self._start_run()
+            while run.process.poll() is None:
+                time.sleep(TICK)
+                now = time.monotonic() - self.started
+                self._refresh(run)
+                self._count_chiefs()
+                self._undo_due(now)
+                if self.disturbed and now >= next_fault and time.monotonic() < deadline:
+                    if self._hit(run, now):
+                        next_fault = now + self._next_gap()
+                self._watch_timed(run, now)
+                if time.monotonic() > deadline + self.args.overrun:
+                    _signal(run.process.pid, signal.SIGTERM)
+            status = run.process.wait()
+            self._undo_all()  # a stopped task continues, so that it can end
+            self._wait_gone()
+            if status == 0:
+                return 0
+        return status
+
+    def _count_chiefs(self) -> None:
+        alive = sum(_alive(pid) for run in self.runs for pid in run.chiefs)
+        self.two_chiefs += alive > 1
+
+    def _next_gap(self) -> float:
+        low, high = self.args.gap
+        return self.rng.uniform(low, high)
+
+    # --- the faults -----------------------------------------------------------------------
+
+    def _hit(self, run: Run, now: float) -> bool:
+        """Draws and starts a fault; False while the job has no task to hit yet."""
+        tasks = {name: pid for name, pid in run.pids.items() if _alive(pid)}
+        if not tasks or any(f.undo is not None or (f.kind in TIMED and f.kind != "export"
+                                                    and not f.landed and f.undo_at > now)
+                            for f in self.faults):
+            return False  # one fault on at a time: each one's effect is its own
+        # The export comes once, at the end: armed at most once a job, it waits for it while
+        # the other faults go on.
+        armed = any(f.kind == "export" for f in self.faults)
+        kind = self.rng.choice([k for k in self.kinds if not (armed and k == "export")]
+                               or self.kinds)
+        fault = Fault(kind, now)
+        name = self.rng.choice(sorted(tasks))
+        hold = self.rng.uniform(*self.args.hold)
+        if kind in ("kill", "term"):
+            fault.target = name
+            _signal(tasks[name], signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+        elif kind == "stop":
+            fault.target = name
+            pid = tasks[name]
+            _signal(pid, signal.SIGSTOP)
+            fault.undo_at, fault.undo = now + hold, lambda: _signal(pid, signal.SIGCONT)
+        elif kind == "launcher":
+            fault.target = "launcher"
+            _signal(run.process.pid, signal.SIGKILL)
+        elif kind == "links":
+            # Only inside the cluster's own namespace (the launcher's first line says where);
+            # the evaluator has no port.
+            ports = self._ports(run)
+            if "network: private" not in run.text() or not set(ports) & set(tasks):
+                return False
+            name = self.rng.choice(sorted(set(ports) & set(tasks)))
+            fault.target = name
+            links = Links(tasks[name], ports[name])
+            links.cut()
+            fault.undo_at, fault.undo = now + hold, links.restore
+        elif kind == "disk":
+            fault.target = "job dir"
+            filler = os.path.join(self.job_dir, "filler")
+            subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
+                           capture_output=True)
+            fault.undo_at = now + hold
+            fault.undo = lambda: os.path.exists(filler) and os.remove(filler)
+        else:  # TIMED: armed now, landed by _watch_timed
+            fault.target = {"save": "chief", "eval": "evaluator", "export": "chief"}[kind]
+            # Given up on after the longest gap; the export comes once, at the job's end.
+            fault.undo_at = now + (math.inf if kind == "export" else self.args.gap[1])
+        self.faults.append(fault)
+        return True
+
+    def _ports(self, run: Run) -> dict[str, int]:
+        cluster = json.loads(CLUSTER.findall(run.text())[-1])
+        ports = {}
+        for job, addresses in cluster.items():
+            for index, address in enumerate(addresses):
+                name = job if job in ("chief", "evaluator") else f"{job}{index}"
+                ports[name] = int(address.rpartition(":")[2])
+        return ports
+
+    def _watch_timed(self, run: Run, now: float) -> None:
+        for fault in self.faults:
+            if fault.kind not in TIMED or fault.landed or now > fault.undo_at:
+                continue
+            pid = None
+            if fault.kind == "save":
+                if any(n.endswith("_temp") for n in os.listdir(self.job_dir)):
+                    pid = run.pids.get("chief")
+            elif fault.kind == "export":
+                export = os.path.join(self.job_dir, "export")
+                if os.path.isdir(export) and any(n.endswith(".tmp") for n in os.listdir(export)):
+                    pid = self._exporter(run)
+            elif fault.since is None or fault.since > len(run.text()):
+                fault.since = len(run.text())  # an evaluation that starts from now on
+            elif re.search(r"^\[evaluator\] .*Restoring parameters from",
+                           run.text()[fault.since:], re.M):
+                pid = run.pids.get("evaluator")
+            if pid and _signal(pid, signal.SIGKILL):
+                fault.landed, fault.at = True, now
+
+    def _exporter(self, run: Run) -> Optional[int]:
+        # The chief exports at the end (docs/distributed.md); an evaluator exports only with
+        # --export-best, which these jobs do not ask for.
+        return run.pids.get("chief")
+
+    def _undo_due(self, now: float) -> None:
+        for fault in self.faults:
+            if fault.undo is not None and fault.undo_at is not None and now >= fault.undo_at:
+                fault.undo()
+                fault.undo = None
+
+    def _undo_all(self) -> None:
+        for fault in self.faults:
+            if fault.undo is not None:
+                fault.undo()
+                fault.undo = None
+
+    def close(self) -> None:
+        self._wait_gone()
+        if self.mounted:
+            subprocess.run(["umount", "-l", self.job_dir], capture_output=True)
+
+    # --- the invariants -------------------------------------------------------------------
+
+    def check(self, status: int, reference: Optional[float]) -> dict:
+        import tensorflow as tf
+
+        texts = [run.text() for run in self.runs]
+        row = {"engine": self.engine, "job": os.path.basename(self.folder),
+               "minutes": (time.monotonic() - self.started) / 60, "runs": len(self.runs),
+               "faults": collections.Counter(f.kind for f in self.faults
+                                             if f.kind not in TIMED or f.landed)}
+        # end
+        latest = tf.train.latest_checkpoint(self.job_dir) if os.path.isdir(self.job_dir) else None
+        step = int(latest.rsplit("-", 1)[1]) if latest else -1
+        export = os.path.join(self.job_dir, "export")
+        versions = [v for v in os.listdir(export) if v.isdigit()] if os.path.isdir(export) else []
+        report = os.path.exists(os.path.join(self.job_dir, "eval_report.json"))
+        # Asynchronous workers may each add a step in flight past the last one.
+        row["end"] = (status == 0 and step >= self.args.train_steps and bool(versions)
+                      and report)
+        row["step"] = step
+        # accuracy
+        finals = [(int(s), float(a)) for text in texts for s, a in FINAL.findall(text)]
+        accuracy = finals[-1][1] if finals else None
+        row["accuracy"] = accuracy
+        if reference is None or accuracy is None:
+            row["accuracy ok"] = accuracy is not None
+        else:
+            p = (reference + accuracy) / 2
+            noise = 3 * math.sqrt(2 * p * (1 - p) / self.args.eval_records)
+            row["accuracy ok"] = abs(accuracy - reference) <= max(noise, 1e-9)
+        # checkpoints
+        broken = []
+        for name in sorted(os.listdir(self.job_dir)) if os.path.isdir(self.job_dir) else []:
+            if name.startswith("model.ckpt-") and name.endswith(".index"):
+                prefix = os.path.join(self.job_dir, name[:-len(".index")])
+                try:
+                    reader = tf.train.load_checkpoint(prefix)
+                    for variable in reader.get_variable_to_shape_map():
+                        reader.get_tensor(variable)
+                except Exception as e:  # noqa: BLE001  (what is broken is the finding)
+                    broken.append(f"{name}: {str(e).splitlines()[0]}")
+        row["checkpoints ok"], row["broken"] = not broken, broken
+        # one chief
+        row["one chief"] = self.two_chiefs == 0 and not any(IN_USE in t for t in texts)
+        # redone
+        row["redone"], row["redone ok"] = self._redone(texts)
+        # left
+        left = _job_processes(self.job_dir)
+        temps = [n for n in os.listdir(self.job_dir) if n.endswith("_temp")] if os.path.isdir(
+            self.job_dir) else []
+        temps += [n for n in (os.listdir(export) if os.path.isdir(export) else [])
+                  if n.endswith(".tmp")]
+        row["left ok"], row["left"] = not left and not temps, left + temps
+        # quiet
+        stray = []
+        for text in texts:
+            for line in text.splitlines():
+                match = TASK_LINE.match(line)
+                body = match.group(2) if match else line
+                if ("Traceback" in body or "Exception in thread" in body
+                        or ERROR_LINE.match(body)):
+                    stray.append(line)
+        row["quiet ok"], row["stray"] = not stray, stray[:5]
+        row["held"] = all(row[k] for k in ("end", "accuracy ok", "checkpoints ok", "one chief",
+                                           "redone ok", "left ok", "quiet ok"))
+        return row
+
+    def _redone(self, texts: list[str]) -> tuple[list[int], bool]:
+        """Per resume of the chief: the highest global step any task logged before it minus
+        the step it resumed from; and whether each is at most the checkpoint interval plus
+        what the others trained past the chief's own last logged step (the chief saves; while
+        it is stopped, cut off or gone the others train on, and that is lost with a parameter
+        server) plus a progress interval's steps in flight."""
+        redone, ok, highest, chief_seen = [], True, 0, 0
+        for text in texts:
+            for line in text.splitlines():
+                match = TASK_LINE.match(line)
+                if not match:
+                    continue
+                task, body = match.groups()
+                found = STEP.search(body)
+                if found:
+                    step = int(found.group(1) or found.group(2))
+                    highest = max(highest, step)
+                    if task == "chief":
+                        chief_seen = max(chief_seen, step)
+                resumed = RESUMED.search(body) if task == "chief" else None
+                if resumed:
+                    lost = max(highest - int(resumed.group(1)), 0)
+                    redone.append(lost)
+                    bound = (self.args.checkpoint_steps + (highest - chief_seen)
+                             + self.args.max_rate * PROGRESS_SECS)
+                    ok = ok and lost <= bound
+                    chief_seen = int(resumed.group(1))
+        return redone, ok
+
+
+def _undisturbed(args, engine, data_dir, work) -> Optional[float]:
+    job = Job(engine, 0, args, data_dir, work, random.Random(0), args.kinds, disturbed=False)
+    try:
+        status = job.run(time.monotonic() + 3600)
+        row = job.check(status, None)
+    finally:
+        job.close()
+    print(f"{engine}: undisturbed job, seed {args.seed}: exit {status}, accuracy "
+          f"{row['accuracy']}, {row['minutes']:.1f} min", flush=True)
+    return row["accuracy"]
+
+
+def _can(kind: str, work: str) -> str:
+    """'' if this machine can do fault ``kind``, else why not."""
+    if os.geteuid() != 0 and kind in ("disk", "links"):
+        return "needs root"
+    if kind == "links" and not (shutil.which("tc") and shutil.which("nsenter")):
+        return "no tc or nsenter"
+    if kind == "disk":
+        probe = os.path.join(work, "probe")
+        os.makedirs(probe, exist_ok=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", probe],
+                          capture_output=True).returncode:
+            return "cannot mount a tmpfs"
+        subprocess.run(["umount", probe], capture_output=True)
+    return ""
+
+
+def _table(rows: list[dict]) -> None:
+    columns = ("engine", "job", "minutes", "runs", "faults", "step", "accuracy", "end",
+               "accuracy ok", "checkpoints ok", "one chief", "redone", "left ok", "quiet ok",
+               "held")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = []
+        for c in columns:
+            value = row[c]
+            if isinstance(value, bool):
+                value = "yes" if value else "**no**"
+            elif isinstance(value, float):
+                value = f"{value:.2f}" if c == "minutes" else f"{value:.4f}"
+            elif isinstance(value, collections.Counter):
+                value = ", ".join(f"{k} {n}" for k, n in sorted(value.items())) or "none"
+            elif isinstance(value, list):
+                value = ",".join(map(str, value)) or "-"
+            cells.append(str(value))
+        print("| " + " | ".join(cells) + " |")
+    for row in rows:
+        for key in ("broken", "left", "stray"):
+            if row.get(key):
+                print(f"{row['job']}: {key}: {row[key]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default="ps,allreduce",
+                        help=f"comma-separated, of {', '.join(ENGINES)}")
+    parser.add_argument("--minutes", type=float, default=60,
+                        help="minutes of faults per engine (jobs start until then)")
+    parser.add_argument("--seed", type=int, default=1, help="the schedule's and jobs' seed")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="faults to draw from")
+    parser.add_argument("--gap", default="10,60", help="seconds between faults: LOW,HIGH")
+    parser.add_argument("--hold", default="10,30",
+                        help="seconds a stop, a cut link or a full disk lasts: LOW,HIGH")
+    parser.add_argument("--train-steps", type=int, default=3000)
+    parser.add_argument("--checkpoint-steps", type=int, default=200)
+    parser.add_argument("--disk-mb", type=int, default=64)
+    parser.add_argument("--reruns", type=int, default=20,
+                        help="times a job's command is run again before it counts as failed")
+    parser.add_argument("--overrun", type=float, default=900,
+                        help="seconds a job may run past --minutes before it is stopped")
+    parser.add_argument("--max-rate", type=float, default=60,
+                        help="global steps a second the cluster trains at most: the steps in "
+                             "flight the redone invariant allows")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the undisturbed job (accuracy then only has to exist)")
+    parser.add_argument("--work-dir", default=None)
+    args = parser.parse_args()
+    args.gap = tuple(float(v) for v in args.gap.split(","))
+    args.hold = tuple(float(v) for v in args.hold.split(","))
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        parser.error(f"--engines: unknown {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    work = args.work_dir or tempfile.mkdtemp(prefix="c10chaos.")
+    kinds = []
+    print_machine_line()
+    for kind in args.kinds.split(","):
+        if kind not in KINDS:
+            parser.error(f"--kinds: unknown {kind}; choose from {', '.join(KINDS)}")
+        why = _can(kind, work)
+        if why:
+            print(f"left out: {kind} ({why})")
+        else:
+            kinds.append(kind)
+    args.kinds = tuple(kinds)
+    data_dir = make_sample_records(work)
+    with open(os.path.join(data_dir, METADATA)) as f:
+        args.eval_records = json.load(f)["counts"]["eval"]
+    print(f"seed {args.seed}; faults from {', '.join(args.kinds)} every {args.gap[0]:g}-"
+          f"{args.gap[1]:g} s; ResNet-8, {args.train_steps} steps, a checkpoint every "
+          f"{args.checkpoint_steps}; {args.eval_records} evaluation pictures", flush=True)
+    rows = []
+    try:
+        for engine in engines:
+            reference = None if args.no_reference else _undisturbed(args, engine,
+                                                                          data_dir, work)
+            rng = random.Random(f"{args.seed}-{engine}")
+            deadline = time.monotonic() + args.minutes * 60
+            number = 1
+            while time.monotonic() < deadline:
+                job = Job(engine, number, args, data_dir, work, rng, args.kinds, True)
+                try:
+                    status = job.run(deadline)
+                    row = job.check(status, reference)
+                finally:
+                    job.close()
+                rows.append(row)
+                print(f"{engine} job {number}: exit {status}, {len(job.faults)} faults "
+                      f"({dict(row['faults'])}), {row['runs']} runs, held: {row['held']}",
+                      flush=True)
+                number += 1
+    finally:
+        held = bool(rows) and all(r["held"] for r in rows)
+        if args.work_dir is None and held:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"the jobs' folders and logs: {work}")
+    _table(rows)
+    for engine in engines:
+        done = [r for r in rows if r["engine"] == engine]
+        faults = sum((r["faults"] for r in done), collections.Counter())
+        redone = [n for r in done for n in r["redone"]]
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(faults.items()))
+        print(f"{engine}: {sum(r['minutes'] for r in done):.1f} min, {len(done)} jobs, "
+              f"{sum(faults.values())} faults ({kinds}), "
+              f"{sum(r['held'] for r in done)} held; steps redone per resume: "
+              f"median {sorted(redone)[len(redone) // 2] if redone else 0}, "
+              f"max {max(redone, default=0)}")
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
