@@ -129,6 +129,42 @@ def test_workers_only_all_reduce_trains_and_worker_0_evaluates_exports_and_repor
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == 6  # nothing trained
 
 
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_ps_cluster_task_restarted_after_the_last_step_waits_for_no_parameter_server(
+        tiny_records, tmp_path):
+    # A chaos campaign (issue 76) killed a parameter-server job's chief inside its export,
+    # after the ps had served the whole run and exited: the restarted chief waited 600 s for
+    # the ps and failed. Now a restarted chief concludes and a worker leaves, as in an
+    # all-reduce job.
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    chief, worker, ps = (f"127.0.0.1:{port}" for port in free_ports(3))
+    cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
+    flags = trainer_args(data_dir, job_dir, "--train-steps", "6", "--save-checkpoints-steps",
+                         "3", "--cluster-timeout-secs", "60")
+
+    def config(task_type: str) -> str:
+        return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": 0}})
+
+    tasks = [Trainer(flags, tmp_path / f"{name}.log", tf_config=config(name))
+             for name in ("ps", "chief", "worker")]
+    codes = [task.finish(timeout=240) for task in tasks]
+    assert codes == [0, 0, 0], "\n".join(task.text()[-3000:] for task in tasks)
+    final = checkpoint_step(tf.train.latest_checkpoint(job_dir))
+    shutil.rmtree(job_dir / "export")  # the export the killed chief never finished
+    again = Trainer(flags, tmp_path / "worker-again.log", tf_config=config("worker"))
+    assert again.finish(timeout=60) == 0, again.text()[-3000:]
+    assert "this task leaves without joining the cluster" in again.text()
+    chief_again = Trainer(flags, tmp_path / "chief-again.log", tf_config=config("chief"))
+    assert chief_again.finish(timeout=60) == 0, chief_again.text()[-3000:]
+    assert "waiting up to" not in chief_again.text()
+    (version,) = os.listdir(job_dir / "export")
+    assert json.loads((job_dir / "export" / version / "assets.extra" / "export.json"
+                       ).read_text())["global_step"] == final
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == final  # nothing trained
+
+
 def test_the_engines_folders_are_defaults_under_the_flags_given():
     from cifar10_estimator import engines
     from cifar10_estimator.config import flags

@@ -10,8 +10,8 @@ trains and exports nothing (``training.end``).
 
 In a cluster the role decides: a ``ps`` serves variables until the training tasks are done;
 ``chief`` and ``worker`` train against the parameter servers, asynchronously or with
-``--sync``, or all-reduce (a task of an all-reduce job started after the job's last step,
-as an orchestrator restarts one killed then, joins no group:
+``--sync``, or all-reduce (a training task started after the job's last step, as an
+orchestrator restarts one killed then, joins no group and waits for no parameter server:
 ``training.start.trained_to_end``); an ``evaluator`` evaluates new checkpoints in the shared
 job dir and exits right after the one at the last step (``task.evaluator``; Estimator's own
 evaluator loop would sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in
@@ -76,8 +76,9 @@ def train_and_evaluate(role: Role, machine: start.Machine,
             if role.task_type == "ps":
                 start.serve_variables(cluster, role)
                 return TrainResult(None, None, role="ps")
-            # A task of an all-reduce job restarted after its last step joins no group: a worker
-            # is done at once, the chief concludes (evaluation, export, report) without training.
+            # A training task restarted after the job's last step joins no group and waits for
+            # no parameter server: a worker is done at once, the chief concludes (evaluation,
+            # export, report) without training.
             ended = start.trained_to_end(role, data, model, schedule, cluster, output)
             if ended is not None:
                 log.info("%s: the job already trained to its last step, %d, in %s: nothing to "
@@ -90,7 +91,8 @@ def train_and_evaluate(role: Role, machine: start.Machine,
             with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the end
                 task = start.start(role, machine, stack, preemption.before_exit, strategy,
                                    data=data, model=model, schedule=schedule, devices=devices,
-                                   cluster=cluster, output=output, logging_=logging_)
+                                   cluster=cluster, output=output, logging_=logging_,
+                                   trained=ended is not None)
                 # What exports compute with, decided (and probed) once, by a task that exports.
                 serving = functools.cache(lambda: end.serving_settings(
                     task.model, devices.serving_precision, task.plan.precision, machine))
@@ -154,9 +156,9 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluat
     guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir)
     if role.task_type == "evaluator":
         return _evaluate_only(task, estimator, eval_spec, after, guard, output)
-    # The chief of an all-reduce job that had trained to its last step made no strategy
-    # (``start.trained_to_end``): it only concludes.
-    joined = not (plan.all_reduce_trainer and task.strategy is None)
+    # The chief of a cluster's job that had trained to its last step made no strategy and
+    # waited for no parameter server (``start.trained_to_end``): it only concludes.
+    joined = not (role.in_cluster and task.start_step >= plan.train_steps)
     metrics = _train(task, preemption, estimator, train_spec, eval_spec, guard,
                      cluster.cluster_timeout_secs, output.job_dir) if joined else None
     _check_lock(task)  # nothing after training either: no evaluation, report or export

@@ -19,8 +19,9 @@ In order (``start``):
    settings checked against the record (the chief writes it).
 
 Also here: the strategy object of ``--distribution-strategy`` (made before TensorFlow's runtime
-starts), and before it whether a task of an all-reduce job comes after the job's last step
-(``trained_to_end``: then it joins no group); and the parameter server's whole run.
+starts), and before it whether a training task of a cluster comes after the job's last step
+(``trained_to_end``: then it joins no group and waits for no other task); and the parameter
+server's whole run.
 """
 
 import contextlib
@@ -93,15 +94,17 @@ def make_strategy(devices: DevicesSection, cluster: ClusterSection, role: Role
 def trained_to_end(role: Role, data: DataSection, model: ModelSection,
                    schedule: ScheduleSection, cluster: ClusterSection, output: OutputSection
                    ) -> Optional[int]:
-    """For a training task of a multi-worker all-reduce cluster: the step of the job's latest
-    checkpoint when it has reached this run's last step, else None.
+    """For a training task of a cluster: the step of the job's latest checkpoint when it has
+    reached this run's last step, else None.
 
-    Such a task must not join the cluster. Its strategy would wait, without end, for a group
-    that is gone: the others trained the last step with an earlier process of this task (one
-    killed or preempted after that step, which its orchestrator restarted) and are ending or
-    gone. So it is asked before the strategy is made, from the flags and the training records'
-    count alone, before TensorFlow's runtime starts."""
-    if not (role.in_cluster and plans.all_reduce_trainer(cluster, role)):
+    Such a task must not join the cluster: the others trained the last step with an earlier
+    process of this task (one killed or preempted after that step, which its orchestrator
+    restarted) and are ending or gone. An all-reduce strategy would wait, without end, for a
+    group that is gone; a parameter server that served the whole run has exited, and waiting
+    for it would fail after --cluster-timeout-secs (a chaos campaign found a ps chief killed
+    inside its export waiting so, issue 76). So it is asked before the strategy is made, from
+    the flags and the training records' count alone, before TensorFlow's runtime starts."""
+    if not (role.in_cluster and role.trains):
         return None
     step = checkpoints.latest_step(output.job_dir)
     if not step:
@@ -121,10 +124,11 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
           before_exit: Callable[[Callable], None], strategy: Optional[tf.distribute.Strategy],
           *, data: DataSection, model: ModelSection, schedule: ScheduleSection,
           devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
-          logging_: LoggingSection) -> Task:
+          logging_: LoggingSection, trained: bool = False) -> Task:
     """Starts this task (see the module's docstring) with the sections of its settings and
-    returns it. The chief's lock is released when ``stack`` closes, or by ``before_exit`` (a
-    preemption's exit)."""
+    returns it; ``trained``: the job already trained to its last step (``trained_to_end``),
+    so the task waits for no other. The chief's lock is released when ``stack`` closes, or by
+    ``before_exit`` (a preemption's exit)."""
     train_data = Cifar10DataSet(data.data_dir, "train", data.use_distortion_for_training,
                                 networks.AUGMENTATIONS[model.model], data.alternating_flips)
     eval_data = Cifar10DataSet(data.data_dir, "eval", use_distortion=False)
@@ -132,7 +136,8 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
         metadata.verify_split(data.data_dir, split)
     info = metadata.dataset_info(data.data_dir)
     log.info(tf_config.role_line(role, cluster, output))
-    _wait_for_peers(cluster, output.job_dir, role)
+    if not trained:
+        _wait_for_peers(cluster, output.job_dir, role)
     lock = None
     if role.is_chief:
         guards.check_job_dir(output.job_dir, model, info.num_classes)
