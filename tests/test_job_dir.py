@@ -218,3 +218,21 @@ def check_another_model_is_refused(data_dir, job_dir, capsys) -> None:
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert found in err and "--num-layers 8 --resnet-version 1" in err
     assert sorted(os.listdir(job_dir)) == before
+
+
+@pytest.mark.parametrize("holds_job_dir", [True, False])
+def test_a_save_without_room_is_cleaned_up_only_by_the_job_dirs_holder(tmp_path, holds_job_dir):
+    # A chaos campaign (issue 76) filled an all-reduce job's disk: the worker's save failed,
+    # and its one-line error's clean-up removed the chief's save in progress from the job
+    # dir, which then failed with a traceback. Only the lock's holder cleans the job dir.
+    from cifar10_estimator.jobdir import guards
+
+    partial = tmp_path / "model.ckpt-5_temp"
+    partial.mkdir()
+    (partial / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 64)
+    with pytest.raises(UserError, match=r"cannot write a checkpoint in --job-dir .* \(No space "
+                                        r"left on device\)"):
+        with guards.training_errors(str(tmp_path), str(tmp_path), holds_job_dir):
+            raise tf.errors.ResourceExhaustedError(
+                None, None, "model.ckpt-5_temp/part-00000; No space left on device")
+    assert partial.exists() is not holds_job_dir

@@ -63,8 +63,12 @@ def check_job_dir(job_dir: str, params: ModelSection,
 
 
 @contextlib.contextmanager
-def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
-    """Maps user-fixable TensorFlow errors raised inside the block to one-line UserErrors."""
+def training_errors(data_dir: str, job_dir: str, holds_job_dir: bool = True) -> Iterator[None]:
+    """Maps user-fixable TensorFlow errors raised inside the block to one-line UserErrors.
+    ``holds_job_dir``: this task holds the job dir's lock (the chief, or a run alone), so a
+    save that found no room is its own to clean up; another task's error must leave the
+    chief's saves in the job dir alone (an all-reduce worker's removed the chief's save in
+    progress, which then failed with a traceback: issue 76)."""
     try:
         yield
     except tf.errors.DataLossError as e:
@@ -88,7 +92,7 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
         if reason is None:
             _raise_if_unreachable(job_dir)
             raise
-        raise UserError(_unwritable_checkpoint(job_dir, reason)) from None
+        raise UserError(_unwritable_checkpoint(job_dir, reason, clean=holds_job_dir)) from None
     except Exception as e:
         # TensorBoard's event writer re-raises its thread's failure as a plain Python error
         # (an IndexError for "File too large"), not as a TensorFlow one.
@@ -96,7 +100,8 @@ def training_errors(data_dir: str, job_dir: str) -> Iterator[None]:
         if reason is None:
             _raise_if_unreachable(job_dir)
             raise
-        raise UserError(_unwritable_checkpoint(job_dir, reason, "TensorBoard events")) from None
+        raise UserError(_unwritable_checkpoint(job_dir, reason, "TensorBoard events",
+                                               clean=holds_job_dir)) from None
 
 
 def _raise_if_unreachable(job_dir: str) -> None:
@@ -128,17 +133,22 @@ def remove_unfinished_saves(job_dir: str) -> None:
     same step left the folder behind, its own files merged out of it. Only the holder of the
     job dir's lock calls this, when no other trainer saves there."""
     for partial in tf.io.gfile.glob(os.path.join(job_dir, "*_temp")):
-        tf.io.gfile.rmtree(partial)
+        try:
+            tf.io.gfile.rmtree(partial)
+        except tf.errors.NotFoundError:
+            pass  # gone meanwhile: TensorFlow removes the folder of a save that ended
 
 
-def _unwritable_checkpoint(job_dir: str, reason: str, what: str = "a checkpoint") -> str:
+def _unwritable_checkpoint(job_dir: str, reason: str, what: str = "a checkpoint",
+                           clean: bool = True) -> str:
     """Cleans up a failed save and says what is kept.
 
     TensorFlow writes a checkpoint's shards under ``<prefix>_temp`` and only then its index and
     the ``checkpoint`` file, so the previous checkpoint stays the latest; the partial shards
-    are removed to give the space back.
+    are removed to give the space back (``clean``: by the job dir's lock holder only).
     """
-    remove_unfinished_saves(job_dir)
+    if clean:
+        remove_unfinished_saves(job_dir)
     latest = tf.train.latest_checkpoint(job_dir)
     kept = (f"the latest checkpoint, {latest}, is kept" if latest
             else "no checkpoint was written yet")

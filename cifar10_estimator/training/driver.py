@@ -153,7 +153,8 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluat
     train_spec, eval_spec = specs.specs(
         task, preemption, after, data=data, model=model, cluster=cluster, output=output,
         logging_=logging_)
-    guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir)
+    guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir,
+                              role.is_chief)
     if role.task_type == "evaluator":
         return _evaluate_only(task, estimator, eval_spec, after, guard, output)
     # The chief of a cluster's job that had trained to its last step made no strategy and
