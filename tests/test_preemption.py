@@ -290,3 +290,26 @@ def test_a_job_dir_that_fills_after_a_checkpoint_ends_in_one_line_and_resumes(
     latest = tf.train.latest_checkpoint(str(kept))
     assert checkpoint_step(latest) >= 20
     _resumes(tiny_records, tmp_path, kept, latest)
+
+
+def test_a_full_job_dir_at_the_start_asks_for_room_not_another_folder(tiny_records, tmp_path):
+    # A job dir already full when the trainer (re)starts: the one-line error said "choose
+    # another --job-dir", which would leave the job's checkpoints behind (issue 76).
+    unavailable = _small_file_system_available(tmp_path)
+    if unavailable:
+        pytest.skip(unavailable)
+    data_dir, _ = tiny_records
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    command = " ".join([sys.executable, "-m", "cifar10_estimator",
+                        *trainer_args(data_dir, job_dir, "--train-steps", "2")])
+    proc = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size=1m tmpfs {job_dir} && dd if=/dev/zero of={job_dir}/filler "
+         f"bs=64k 2>/dev/null; {command}"],
+        capture_output=True, text=True, cwd=tmp_path, env=trainer_env(), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"cifar10_estimator: error: --job-dir {job_dir} is not a writable folder (No space left "
+        f"on device); free space (or raise the quota) and rerun the same command")
+

@@ -14,9 +14,8 @@ of the job dir's lock (``remove_unfinished_saves``).
 """
 
 import contextlib
-import errno
 import os
-from typing import Iterator, Optional
+from typing import Iterator
 
 import tensorflow as tf
 
@@ -28,8 +27,6 @@ from cifar10_estimator.model.checkpoints import checkpoint_model, model_flags
 from cifar10_estimator.model.settings import NAN_LOSS_MESSAGE
 from cifar10_estimator.config.settings import ModelSection
 
-# Writes that found no room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE).
-_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def check_job_dir(job_dir: str, params: ModelSection,
@@ -88,7 +85,7 @@ def training_errors(data_dir: str, job_dir: str, holds_job_dir: bool = True) -> 
         raise UserError(f"training stopped: the loss became NaN or infinite; {kept}. Lower "
                         f"--learning-rate (or raise --weight-decay) and rerun") from None
     except tf.errors.OpError as e:
-        reason = _full_disk(e.message)
+        reason = storage.no_room(e.message)
         if reason is None:
             _raise_if_unreachable(job_dir)
             raise
@@ -96,7 +93,7 @@ def training_errors(data_dir: str, job_dir: str, holds_job_dir: bool = True) -> 
     except Exception as e:
         # TensorBoard's event writer re-raises its thread's failure as a plain Python error
         # (an IndexError for "File too large"), not as a TensorFlow one.
-        reason = _full_disk(str(e))
+        reason = storage.no_room(str(e))
         if reason is None:
             _raise_if_unreachable(job_dir)
             raise
@@ -116,14 +113,6 @@ def _raise_if_unreachable(job_dir: str) -> None:
     raise UserError(f"--job-dir {job_dir} stopped answering ({failure}); every checkpoint the "
                     f"store holds is whole. Rerun the same command to resume from the latest "
                     f"once it answers again") from None
-
-
-def _full_disk(message: str) -> Optional[str]:
-    """The OS's words for a write that found no room, if ``message`` has them."""
-    for code in _NO_ROOM:
-        if os.strerror(code) in message:
-            return os.strerror(code)
-    return None
 
 
 def remove_unfinished_saves(job_dir: str) -> None:

@@ -24,14 +24,14 @@ One module per concern, each importing only those before it (and ``errors``):
   ``upload_tree``).
 - ``atomic``: atomic writes (``atomic_path``, ``write_bytes_atomic``, ``atomic_dir``) and the
   modes they give (``FILE_MODE``, ``DIR_MODE``).
-- ``access``: whether a path can be used (``check_reachable``, ``check_writable``) and how to
-  fix it (``fix_for``).
+- ``access``: whether a path can be used (``check_reachable``, ``check_writable``), how to
+  fix it (``fix_for``), and whether a write found no room (``no_room``).
 
 Callers use the package (``storage.join(...)``): every public name is re-exported here.
 """
 
 from cifar10_estimator.storage.access import (  # noqa: F401
-    check_reachable, check_writable, fix_for, write_failure)
+    NO_ROOM_FIX, check_reachable, check_writable, fix_for, no_room, write_failure)
 from cifar10_estimator.storage.atomic import (  # noqa: F401
     DIR_MODE, FILE_MODE, atomic_dir, atomic_path, write_bytes_atomic)
 from cifar10_estimator.storage.files import (  # noqa: F401

@@ -1,14 +1,30 @@
 """Whether a path can be used, checked before a run needs it: a URL's store answers
 (``check_reachable``), a folder takes a write (``write_failure``, ``check_writable``); each
-refusal is one line that ends with how to fix it (``fix_for``).
+refusal is one line that ends with how to fix it (``fix_for``); whether a failed write found
+no room (``no_room``).
 """
 
+import errno
 import os
 from typing import Optional
 
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.storage.files import makedirs, remove, write_bytes
 from cifar10_estimator.storage.locations import gfile, is_url, join, reason, scheme
+
+
+# Writes that found no room: a full disk, a quota, a file-size limit (RLIMIT_FSIZE).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NO_ROOM_FIX = "free space (or raise the quota) and rerun the same command"
+
+
+def no_room(message: str) -> Optional[str]:
+    """The operating system's words for a write that found no room, if ``message`` has them
+    (TensorFlow's errors carry them as text)."""
+    for code in _NO_ROOM:
+        if os.strerror(code) in message:
+            return os.strerror(code)
+    return None
 
 
 def fix_for(path: str, flag: str) -> str:
@@ -76,5 +92,7 @@ def check_writable(folder: str, flag: str) -> None:
     (``write_failure``)."""
     failure = write_failure(folder)
     if failure is not None:
-        raise UserError(f"{flag} {folder} is not a writable folder ({failure}); "
-                        f"{fix_for(folder, flag)}")
+        # A full disk is not the folder's fault: another folder would not help a job that
+        # resumes from its checkpoints there (a chaos campaign's full job dir, issue 76).
+        fix = NO_ROOM_FIX if no_room(failure) else fix_for(folder, flag)
+        raise UserError(f"{flag} {folder} is not a writable folder ({failure}); {fix}")
