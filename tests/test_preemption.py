@@ -222,10 +222,11 @@ _NO_ROOM_LINE = re.compile(
     r"\(or raise the quota\) and rerun the same command to resume")
 
 
-def _train_in_small_file_system(tiny_records, tmp_path, size: str, meanwhile: str = ""):
+def _train_in_small_file_system(tiny_records, tmp_path, size: str, meanwhile: str = "",
+                                before: str = ""):
     """Trains ResNet-8 for up to 400 steps, a checkpoint every 20, in a job dir on a tmpfs of
-    ``size`` of its own, with the shell command ``meanwhile`` in the background (it may name
-    the job dir as JOB; a file it leaves in the job dir called filler is removed after); the
+    ``size`` of its own, after the shell command ``before`` and with ``meanwhile`` in the
+    background (each may name the job dir as JOB; a file it leaves in the job dir called filler is removed after); the
     job dir is then copied out. Returns the run and the copy's path."""
     unavailable = _small_file_system_available(tmp_path)
     if unavailable:
@@ -236,10 +237,12 @@ def _train_in_small_file_system(tiny_records, tmp_path, size: str, meanwhile: st
     flags = trainer_args(data_dir, job_dir, "--progress-secs", "1", "--train-steps", "400",
                          "--save-checkpoints-steps", "20")
     command = " ".join([sys.executable, "-m", "cifar10_estimator", *flags])
-    background = f"({meanwhile.replace('JOB', str(job_dir))}) &" if meanwhile else ""
+    background = f"({meanwhile}) &" if meanwhile else ""
+    first = f"{before};" if before else ""
     proc = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-         f"mount -t tmpfs -o size={size} tmpfs {job_dir} && {background} {command}; "
+         f"mount -t tmpfs -o size={size} tmpfs {job_dir} && "
+         f"{(first + background).replace('JOB', str(job_dir))} {command}; "
          f"status=$?; wait; rm -f {job_dir}/filler; cp -a {job_dir}/. {kept}/; exit $status"],
         capture_output=True, text=True, cwd=tmp_path, env=trainer_env(), timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -295,20 +298,9 @@ def test_a_job_dir_that_fills_after_a_checkpoint_ends_in_one_line_and_resumes(
 def test_a_full_job_dir_at_the_start_asks_for_room_not_another_folder(tiny_records, tmp_path):
     # A job dir already full when the trainer (re)starts: the one-line error said "choose
     # another --job-dir", which would leave the job's checkpoints behind (issue 76).
-    unavailable = _small_file_system_available(tmp_path)
-    if unavailable:
-        pytest.skip(unavailable)
-    data_dir, _ = tiny_records
+    proc, _ = _train_in_small_file_system(
+        tiny_records, tmp_path, "1m", before="dd if=/dev/zero of=JOB/filler bs=64k 2>/dev/null")
     job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    command = " ".join([sys.executable, "-m", "cifar10_estimator",
-                        *trainer_args(data_dir, job_dir, "--train-steps", "2")])
-    proc = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-         f"mount -t tmpfs -o size=1m tmpfs {job_dir} && dd if=/dev/zero of={job_dir}/filler "
-         f"bs=64k 2>/dev/null; {command}"],
-        capture_output=True, text=True, cwd=tmp_path, env=trainer_env(), timeout=120)
-    assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"cifar10_estimator: error: --job-dir {job_dir} is not a writable folder (No space left "
         f"on device); free space (or raise the quota) and rerun the same command")
