@@ -36,7 +36,8 @@ class UserError(Exception):
 
 
 class Stopped(Exception):
-    """The process received SIGTERM or SIGINT and stopped; it exits with 128 + the signal.
+    """The process received SIGTERM or SIGINT (or its parent-death signal) and stopped; it
+    exits with 128 + the signal.
 
     ``why`` says so when the signal came to another task of the job, which stopped with it.
     """

@@ -32,6 +32,7 @@ from cifar10_estimator.config import checks, flags, overlays
 from cifar10_estimator.config.fields import flag
 from cifar10_estimator.task import tf_config
 from cifar10_estimator.platform import cpu
+from cifar10_estimator.platform.parent_death import parent_death_signal
 from cifar10_estimator.platform.process import prepare_process, restore_process
 
 log = logging.getLogger("cifar10_estimator")
@@ -133,7 +134,8 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
                                 machine.onednn)
     preemption = Preemption()
     if handle_signals and on_main_thread():
-        preemption.install()  # SIGTERM/SIGINT: save, say so, exit 128 + signal
+        # SIGTERM/SIGINT (and a launcher's death): save, say so, exit 128 + signal
+        preemption.install(parent_death_signal())
         undo.callback(preemption.restore)  # for callers that go on (the demo, the tests)
     else:
         log.info("SIGTERM and SIGINT are the caller's to handle: this run installs no signal "

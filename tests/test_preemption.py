@@ -4,6 +4,7 @@ With the default ``--save-checkpoints-secs 600`` none of these runs would write 
 after step 0 by itself: every checkpoint past 0 below is the one the signal made.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -16,7 +17,9 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.jobdir import lock as job_lock
-from cluster_fixtures import frozen, frozen_holder, local_spec, tf_config
+from cifar10_estimator.launch import local as local_launch
+from cluster_fixtures import (frozen, frozen_holder, local_spec, operator_tf_configs,
+                              tf_config)
 from trainer_fixtures import (Trainer, checkpoint_step, run_trainer, trainer_args,
                               trainer_env)
 import test_job_dir
@@ -202,6 +205,86 @@ def test_a_killed_launcher_stops_its_tasks_and_the_same_command_resumes(
     assert rerun.wait(300) == 0, rerun.text()[-4000:]
     assert re.search(rf"\[chief\] .*resuming from \S+model\.ckpt-{saved}\b", rerun.text())
     assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) >= saved + 20
+
+
+# A parent of a task of the local launcher, with the launcher's placement: argv: the task's
+# log, then its flags. It prints the task's pid.
+_LAUNCHER_PARENT = """
+import os, sys
+from cifar10_estimator.launch.layout import LaunchedTask
+from cifar10_estimator.launch.local import LocalProcesses
+child = LocalProcesses().spawn(LaunchedTask("chief", 0, ""), sys.argv[2:], dict(os.environ))
+print(child.pid, flush=True)
+with open(sys.argv[1], "w") as log:
+    for line in child.stdout:
+        log.write(line)
+        log.flush()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_launched_trainer_takes_its_parents_death_signal_once_however_often_it_comes(
+        tiny_records, tmp_path):
+    # The kernel signals a child once per thread of its dying parent that it passes through
+    # (platform.parent_death): a task of a killed launcher got its parent-death SIGTERM more
+    # than once, and the second one ended it in the middle of its save (a CI run kept step 0).
+    # Here the repeats come on cue, from the test.
+    data_dir, _ = tiny_records
+    job_dir, log = tmp_path / "job", tmp_path / "trainer.log"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER_PARENT, str(log),
+         *trainer_args(data_dir, job_dir, "--progress-secs", "0.2", "--train-steps", "100000")],
+        stdout=subprocess.PIPE, text=True, env=trainer_env(), cwd=tmp_path)
+    try:
+        pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 180
+        while not re.search(r"step [1-9]\d*/100000", log.read_text() if log.exists() else ""):
+            assert parent.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        while parent.poll() is None and time.monotonic() < deadline:  # until its output ends
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, local_launch.PARENT_DEATH_SIGNAL)
+            time.sleep(0.02)  # the repeats throughout the step in flight and the save
+        assert parent.poll() == 0
+    finally:
+        parent.kill()
+        parent.wait()
+    name = signal.Signals(local_launch.PARENT_DEATH_SIGNAL).name
+    stopped = re.search(rf"received {name} at step (\d+): saved (\S+); rerun the same command "
+                        rf"to resume", log.read_text())
+    assert stopped, log.read_text()[-3000:]
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == int(stopped.group(1)) > 0
+    assert not os.path.exists(os.path.join(job_dir, job_lock.LOCK_FILE))  # released
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_parameter_server_signalled_with_its_chief_serves_until_the_chief_has_saved(
+        tiny_records, tmp_path, cluster_tasks):
+    # A whole job stopped at once (its launcher killed, a Kubernetes job deleted): every task
+    # gets SIGTERM. The chief's save on SIGTERM reads the variables from the parameter
+    # server, which exited at once: the chief then waited for it, still running 60 s after
+    # its signal. Here the parameter server gets its signal first, the worst order.
+    data_dir, _ = tiny_records
+    job_dir = str(tmp_path / "job")
+    configs = operator_tf_configs("chief", "ps")
+    ps = cluster_tasks.add("ps", configs["ps"], [])
+    chief = cluster_tasks.add("chief", configs["chief"], trainer_args(
+        data_dir, job_dir, "--progress-secs", "0.2", "--train-steps", "100000"))
+    cluster_tasks.start()
+    chief.wait_for(r"step [1-9]\d*/100000", timeout=180)
+    ps.send(signal.SIGTERM)
+    ps.wait_for("asked to stop; serving until chief:0 has saved", timeout=30)
+    chief.send(signal.SIGTERM)
+    assert chief.finish(60) == 143, chief.text()[-3000:]
+    assert ps.finish(30) == 143, ps.text()[-3000:]
+    stopped = _STOPPED.search(chief.text())
+    assert stopped, chief.text()[-3000:]
+    assert checkpoint_step(tf.train.latest_checkpoint(job_dir)) == int(stopped.group(2)) > 0
+    assert "chief:0 saved" in ps.text() and "parameter server stopped" in ps.text()
+    assert "Traceback" not in chief.text() + ps.text()
 
 
 def _small_file_system_available(cwd) -> str:

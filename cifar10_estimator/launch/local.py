@@ -15,6 +15,12 @@ from typing import Mapping, Optional, Sequence
 from cifar10_estimator.launch.layout import LaunchedTask, Network
 from cifar10_estimator.platform.parent_death import end_with_parent
 
+# What a task gets when the launcher dies: SIGHUP, the hang-up of what controls it, not
+# SIGTERM: the kernel may repeat it (platform.parent_death), and a second SIGTERM ends a
+# trainer at once, in the middle of its save; a trainer takes its parent-death signal once
+# (training.preemption).
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+
 
 class LocalProcesses:
     """The placement (``loop.Placement``) of tasks that run as processes of this host, in
@@ -29,7 +35,7 @@ class LocalProcesses:
 
     def spawn(self, task: LaunchedTask, trainer_args: Sequence[str], env: Mapping[str, str]
               ) -> subprocess.Popen:
-        end = end_with_parent(signal.SIGTERM)
+        end = end_with_parent(PARENT_DEATH_SIGNAL)
 
         def preexec() -> None:
             # Into the cluster's namespace between fork and exec, where the child is

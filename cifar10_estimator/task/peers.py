@@ -11,9 +11,12 @@ What it owns:
   error (naming ``--cluster-timeout-secs``) instead of TensorFlow's silent retries for hours.
   (Once training runs, a parameter server that goes away is TensorFlow's business: the
   sessions fail and ``MonitoredSession`` recreates them when it is back.)
-- ``run_parameter_server`` and ``report_done``: a parameter server serves variables until every
+- ``run_parameter_server`` and ``report``: a parameter server serves variables until every
   training task has reported that it finished, then exits 0, so a cluster ends by itself. The
-  reports travel through a queue that lives on each parameter server.
+  reports travel through a queue that lives on each parameter server. A parameter server asked
+  to stop (a signal) serves on until the chief reports that it saved: the chief's own save on
+  a signal reads the variables from it, and a whole job stopped at once (its launcher killed,
+  a Kubernetes job deleted) sends every task SIGTERM together.
 - ``own_server``: this task's server that cannot start (its port taken), in one line.
 - ``answers``: whether a task's server answers, which the parameter-server watchdog
   (``training.estimator.cluster_hooks.ParameterServerWatchdog``) asks of a parameter server
@@ -24,7 +27,7 @@ import contextlib
 import logging
 import socket
 import time
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -42,6 +45,12 @@ _POLL_SECS = 0.5
 # report_done's 30 s and logged that the parameter server never heard, though it had (how
 # often: CHANGELOG). A second is far more than those milliseconds, even on a loaded machine.
 _LINGER_SECS = 1.0
+# How long a parameter server asked to stop serves on for the chief's save: the chief's step
+# in flight and its save take seconds; this stays inside Kubernetes' default grace period
+# (terminationGracePeriodSeconds, 30 s) with room for the parameter server's own exit.
+STOP_SAVE_SECS = 20.0
+# What a training task reports to the parameter servers (``report``).
+FINISHED, SAVED = "finished", "saved"
 # TensorFlow's error when its gRPC server cannot bind the task's port
 # (tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc).
 _SERVER_FAILED = "Could not start gRPC server"
@@ -192,13 +201,17 @@ def _done_queue() -> tf.queue.FIFOQueue:
 
 
 def run_parameter_server(cluster: Mapping[str, Sequence[str]], task_index: int,
-                         straggler_timeout_secs: float) -> None:
+                         straggler_timeout_secs: float,
+                         stop_requested: Callable[[], bool] = lambda: False) -> None:
     """Serves this parameter server's share of the variables until training has finished.
 
-    Returns once every training task has called ``report_done``, or ``straggler_timeout_secs``
+    Returns once every training task has reported ``FINISHED``, or ``straggler_timeout_secs``
     after the chief has, whichever comes first (a worker that died never reports; the chief
     finishing means the global step reached its target, so nobody needs the variables long).
-    TensorFlow's own parameter server (``Server.join``) never returns.
+    Once ``stop_requested()`` (a signal), it returns as soon as no chief may still be saving:
+    the chief reported ``SAVED`` or ``FINISHED``, or its address refuses connections (it is
+    gone), or ``STOP_SAVE_SECS`` passed. TensorFlow's own parameter server (``Server.join``)
+    never returns.
     """
     # A ps only holds variables: keep it off the GPUs so it does not reserve their memory.
     tf.config.set_visible_devices([], "GPU")
@@ -217,7 +230,21 @@ def run_parameter_server(cluster: Mapping[str, Sequence[str]], task_index: int,
         with tf.compat.v1.Session(server.target, config=config) as session:
             done: set[str] = set()
             chief_done_at: Optional[float] = None
+            stop_at: Optional[float] = None  # when the stop was asked
             while set(expected) - done:
+                if stop_at is None and stop_requested():
+                    stop_at = time.monotonic()
+                    if chief is None or chief in done or _gone(cluster, chief):
+                        return
+                    log.info("parameter server %d: asked to stop; serving until %s has saved "
+                             "(at most %g s)", task_index, chief, STOP_SAVE_SECS)
+                if stop_at is not None:
+                    if _gone(cluster, chief):
+                        return
+                    if time.monotonic() - stop_at > STOP_SAVE_SECS:
+                        log.warning("parameter server %d: %s did not report a save within "
+                                    "%g s; stopping", task_index, chief, STOP_SAVE_SECS)
+                        return
                 if (chief_done_at is not None
                         and time.monotonic() - chief_done_at > straggler_timeout_secs):
                     log.warning("parameter server %d: %s never reported within %g s after "
@@ -226,28 +253,55 @@ def run_parameter_server(cluster: Mapping[str, Sequence[str]], task_index: int,
                                 straggler_timeout_secs)
                     break
                 try:
-                    name = session.run(dequeue, options=poll).decode()
+                    message = session.run(dequeue, options=poll).decode()
                 except tf.errors.DeadlineExceededError:
+                    continue
+                name, _, what = message.partition(" ")
+                if what == SAVED:
+                    log.info("parameter server %d: %s saved", task_index, name)
+                    if stop_at is not None and name == chief:
+                        time.sleep(_LINGER_SECS)  # the answer still on its way (above)
+                        return
                     continue
                 done.add(name)
                 if name == chief:
                     chief_done_at = time.monotonic()
+                    if stop_at is not None:
+                        return
                 log.info("parameter server %d: %s finished (%d of %d training tasks)",
                          task_index, name, len(done & set(expected)), len(expected))
     time.sleep(_LINGER_SECS)  # the answers still on their way (above)
     log.info("parameter server %d: training finished, exiting", task_index)
 
 
-def report_done(cluster: Mapping[str, Sequence[str]], task: str, timeout_secs: float) -> None:
-    """Tells every parameter server that training task ``task`` (``job:index``) finished.
+def _gone(cluster: Mapping[str, Sequence[str]], task: str) -> bool:
+    """Whether ``task``'s address refuses connections: nothing listens there any more. A name
+    that does not resolve or a silent host says nothing (a Kubernetes pod that is stopping
+    leaves its service's DNS records while its connections still work)."""
+    job, _, index = task.partition(":")
+    host, _, port = cluster[job][int(index)].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=_POLL_SECS):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def report(cluster: Mapping[str, Sequence[str]], task: str, what: str,
+           timeout_secs: float) -> None:
+    """Tells every parameter server that training task ``task`` (``job:index``) has
+    ``FINISHED``, or ``SAVED`` after a signal.
 
     Best effort: a parameter server that is gone or does not answer within ``timeout_secs``
     is logged and skipped (it no longer needs the report).
     """
+    message = task if what == FINISHED else f"{task} {what}"
     for index, address in enumerate(cluster.get("ps", ())):
         with tf.Graph().as_default():
             with tf.compat.v1.device(f"/job:ps/task:{index}"):
-                enqueue = _done_queue().enqueue(task)
+                enqueue = _done_queue().enqueue(message)
             config = tf.compat.v1.ConfigProto(
                 device_filters=[f"/job:ps/task:{index}"],
                 # Bounds session creation and closing against a ps that is gone.
@@ -259,5 +313,5 @@ def report_done(cluster: Mapping[str, Sequence[str]], task: str, timeout_secs: f
             except tf.errors.OpError as e:
                 # The message's first line is often just "Graph execution error:".
                 reason = [line for line in e.message.splitlines() if line.strip()][-1]
-                log.warning("could not tell parameter server %d (%s) that %s finished: %s",
-                            index, address, task, reason)
+                log.warning("could not tell parameter server %d (%s) that %s %s: %s",
+                            index, address, task, what, reason)

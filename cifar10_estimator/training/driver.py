@@ -51,6 +51,9 @@ log = logging.getLogger("cifar10_estimator")
 
 # How long a finished trainer tries to tell a parameter server so (a live one answers in ms).
 _REPORT_TIMEOUT_SECS = 30
+# How long a chief stopped by a signal tries to tell a parameter server it saved: inside the
+# parameter server's wait for it (task.peers.STOP_SAVE_SECS) and a grace period's 30 s.
+_SAVED_REPORT_SECS = 5
 
 
 def train_and_evaluate(role: Role, machine: start.Machine,
@@ -74,7 +77,9 @@ def train_and_evaluate(role: Role, machine: start.Machine,
     try:
         with peers.own_server(role.cluster, role.task_type, role.task_id):
             if role.task_type == "ps":
-                start.serve_variables(cluster, role)
+                preemption.serving = True  # a signal: serve on for the chief's save
+                start.serve_variables(cluster, role, lambda: preemption.signum is not None)
+                preemption.check()
                 return TrainResult(None, None, role="ps")
             # A training task restarted after the job's last step joins no group and waits for
             # no parameter server: a worker is done at once, the chief concludes (evaluation,
@@ -229,11 +234,15 @@ def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval
         raise UserError(f"the chief did not make the model ready within "
                         f"{timeout_secs} s (--cluster-timeout-secs): "
                         f"{e.message.splitlines()[0]}") from None
+    if preemption.signum is not None and role.in_cluster and role.num_ps and role.is_chief:
+        # The parameter servers, if a signal stops them too, serve on until this save.
+        peers.report(role.cluster, f"{role.task_type}:{role.task_id}", peers.SAVED,
+                     _SAVED_REPORT_SECS)
     preemption.check()  # a session that stopped for a signal: no report, no export
     if plan.all_reduce_trainer and task.agreed_stop.stopped:
         raise Stopped(signal.SIGTERM, why="stopped with the job (another task received a signal)")
     if role.in_cluster and role.num_ps:
         # Lets the parameter servers exit; the export below does not need them.
-        peers.report_done(role.cluster, f"{role.task_type}:{role.task_id}",
-                            _REPORT_TIMEOUT_SECS)
+        peers.report(role.cluster, f"{role.task_type}:{role.task_id}", peers.FINISHED,
+                     _REPORT_TIMEOUT_SECS)
     return result[0] if result else None

@@ -9,14 +9,18 @@ and then SIGKILL. A ``Preemption`` installed for the task turns the first SIGTER
   stop, and the session's checkpoint hook saves the current global step on the way out (only
   the chief and a local run save; a worker's variables live on the parameter servers). A local
   evaluation that would follow is not run.
-- anywhere else (start-up, an evaluation, the evaluator task, a parameter server, the export):
+- in a parameter server: it serves on until the chief, stopped by the same signal, has saved
+  (``task.peers.run_parameter_server``), then exits as below.
+- anywhere else (start-up, an evaluation, the evaluator task, the export):
   the process ends at once, after the callbacks given to ``before_exit`` (the log line, the
   job dir's lock); nothing there is unsaved. It ends with ``os._exit`` from the handler rather
   than an exception: the handler may run inside TensorFlow's C++ (a session polls for signals),
   where an exception becomes a pybind11 ``RuntimeError`` instead of unwinding cleanly.
 
 The first signal also restores the signals' default action, so a second one ends the process
-at once, even in the middle of the save. The task then exits with status 128 + the signal's
+at once, even in the middle of the save. A process whose parent's death signals it (a task of
+the local launcher: ``platform.parent_death``) handles that signal as well, once: the kernel
+may repeat it, and a repeat is ignored rather than taken for a second signal. The task then exits with status 128 + the signal's
 number (143 for SIGTERM), which Kubernetes' ``ExitCode`` restart policy and the local cluster
 launcher take for a restartable stop. ``install`` changes process-wide state: only the trainer's
 entry point calls it, and only on the main thread (Python delivers signals there, and
@@ -58,16 +62,24 @@ class Preemption:
         # session waits for its step; one in an evaluation or anywhere else ends the process.
         self.training = False
         self.evaluating = False
+        # A parameter server's serving loop (task.peers) acts on a signal itself.
+        self.serving = False
         self._before_exit: list[Callable[[Stopped], None]] = []
         self._previous: dict = {}
+        self._handled: tuple[int, ...] = SIGNALS
+        self._once: Optional[int] = None  # the parent-death signal, taken once
 
     def before_exit(self, callback: Callable[[Stopped], None]) -> None:
         """Runs ``callback`` before the process ends at once for a signal."""
         self._before_exit.append(callback)
 
-    def install(self) -> "Preemption":
-        """Handles SIGTERM and SIGINT from now on (main thread only)."""
-        for signum in SIGNALS:
+    def install(self, parent_death: int = 0) -> "Preemption":
+        """Handles SIGTERM and SIGINT from now on (main thread only), and ``parent_death``, the
+        signal this process gets when its parent ends (``platform.parent_death``), if any."""
+        if parent_death and parent_death not in SIGNALS:
+            self._once = parent_death
+            self._handled = (*SIGNALS, parent_death)
+        for signum in self._handled:
             self._previous[signum] = signal.signal(signum, self._on_signal)
             # Restart system calls the signal interrupts (SA_RESTART): TensorFlow's collective
             # operations wait in calls that do not retry on EINTR, and an all-reduce step
@@ -80,7 +92,7 @@ class Preemption:
         process's handler: TensorFlow's coordination service, which multi-worker strategies
         start, installs its own SIGTERM notifier, and a signal then never reaches Python."""
         if self._previous and self.signum is None:
-            for signum in SIGNALS:
+            for signum in self._handled:
                 signal.signal(signum, self._on_signal)
                 signal.siginterrupt(signum, False)
 
@@ -100,8 +112,14 @@ class Preemption:
             self.signum = signum
             for other in SIGNALS:  # a second signal: the default action, at once
                 signal.signal(other, signal.SIG_DFL)
-        if self.training and not self.evaluating:
-            return  # the training hook stops the session after the step in flight
+            if self._once:  # ...but the kernel's repeats of the parent's death: nothing
+                signal.signal(self._once, signal.SIG_IGN)
+        elif signum == self._once:
+            return
+        if self.serving or (self.training and not self.evaluating):
+            # The training hook stops the session after the step in flight; a parameter
+            # server's loop stops once the chief has saved.
+            return
         self._exit_now(Stopped(signum))
 
     def _exit_now(self, stop: Stopped) -> None:

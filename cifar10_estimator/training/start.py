@@ -114,10 +114,13 @@ def trained_to_end(role: Role, data: DataSection, model: ModelSection,
     return step if step >= train_steps else None
 
 
-def serve_variables(cluster: ClusterSection, role: Role) -> None:
-    """A parameter server's run: serves variables until every training task reported done."""
+def serve_variables(cluster: ClusterSection, role: Role,
+                    stop_requested: Callable[[], bool]) -> None:
+    """A parameter server's run: serves variables until every training task reported done, or
+    after ``stop_requested()`` until the chief has saved (``task.peers``)."""
     log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster))
-    peers.run_parameter_server(role.cluster, role.task_id, cluster.cluster_timeout_secs)
+    peers.run_parameter_server(role.cluster, role.task_id, cluster.cluster_timeout_secs,
+                               stop_requested)
 
 
 def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
