@@ -236,3 +236,83 @@ def test_no_library_module_reads_the_environment(module):
         imported = (isinstance(node, ast.ImportFrom) and node.module == "os"
                     and any(a.name in ("environ", "getenv") for a in node.names))
         assert not (read or imported), f"{module} line {node.lineno} reads the environment"
+
+
+SECTION_TYPES = {"DataSection", "ModelSection", "ScheduleSection", "DevicesSection",
+                 "ClusterSection", "OutputSection", "LoggingSection"}
+
+
+def _derivations(function) -> list[str]:
+    """The expressions in ``function`` that derive a fact from one of its settings sections:
+    arithmetic, a comparison or and/or that reads a section's field (or a local name set to
+    one) and combines it with at least one other fact (a name that is not a CONSTANT, and no
+    call: ``if settings.x and not act()`` is a guarded action, not a fact)."""
+    sections = {a.arg for a in function.args.args + function.args.kwonlyargs
+                if a.annotation is not None and any(isinstance(n, ast.Name) and n.id in
+                                                    SECTION_TYPES for n in ast.walk(a.annotation))}
+    if not sections:
+        return []
+
+    def field(node) -> bool:
+        return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in sections)
+
+    aliases = {node.targets[0].id for node in ast.walk(function)
+               if isinstance(node, ast.Assign) and len(node.targets) == 1
+               and isinstance(node.targets[0], ast.Name) and field(node.value)}
+
+    def reads(node) -> bool:
+        return any(field(n) or (isinstance(n, ast.Name) and n.id in aliases)
+                   for n in ast.walk(node))
+
+    def fact(node) -> bool:
+        inside = list(ast.walk(node))
+        return (not any(isinstance(n, (ast.Call, ast.Lambda)) for n in inside)
+                and any(isinstance(n, ast.Name) and not n.id.isupper() for n in inside))
+
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.BinOp):
+            operands = [node.left, node.right]
+        elif isinstance(node, ast.BoolOp):
+            operands = node.values
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        else:
+            continue
+        if (any(reads(o) and fact(o) for o in operands)
+                and sum(fact(o) for o in operands) >= 2):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_config_derives_a_fact_from_a_section():
+    # Every fact derived from the settings is a field of the plan (config/plan.py), computed
+    # once, or a rule there (docs/architecture.md): "is precise batch norm on?" is
+    # plan.precise_bn_batches, not a condition rebuilt where it is used.
+    found = []
+    for module, path in sorted(MODULES.items()):
+        if module.split(".")[1:2] == ["config"]:
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{module}.{node.name}, {d}" for d in _derivations(node)]
+    assert not found, "\n".join(found)
+
+
+def test_the_derivation_finder_sees_what_the_plan_took_over():
+    # The three facts issue 77 moved into the plan, as training/specs.py computed them.
+    source = '''
+def specs(plan, model: ModelSection, output: OutputSection, cluster: ClusterSection):
+    precise = model.precise_bn_batches and not model.moving_average_decay
+    steps = max(1, math.ceil(output.save_checkpoints_epochs * plan.steps_per_epoch))
+    delay = cluster.max_worker_delay_secs
+    if delay is None and plan.steps_together:
+        delay = 0
+    if model.model == TUTORIAL_CNN:  # reads, not facts
+        check(output.job_dir is not None)
+    if output.export_best and not make(output.job_dir):  # a guarded action
+        pass
+'''
+    found = _derivations(ast.parse(source).body[0])
+    assert sorted(line.split(":")[0] for line in found) == ["line 3", "line 4", "line 6"], found

@@ -24,7 +24,7 @@ def _tf_config(task_type, index=0, cluster=CLUSTER):
 def _resolve(config, role=Role(), records=96, precision="fp32"):
     return plan.resolve(role, config.model, config.schedule, config.devices, config.cluster,
                         dataset="cifar10", class_names=schema.CLASS_NAMES,
-                        train_records=records, precision=precision)
+                        train_records=records, precision=precision, output=config.output)
 
 
 def test_tf_configs_value_gives_the_role():
@@ -58,6 +58,30 @@ def test_the_batch_is_resolved_once_per_worker_replica_and_global_step():
                           tf_config.parse(_tf_config("chief", 0, {"chief": ["h:1"],
                                                               "worker": ["h:2"]})))
     assert all_reduce.global_batch == 16 and all_reduce.all_reduce_trainer
+
+
+def test_what_the_estimator_is_set_up_with_is_resolved_once_in_the_plan():
+    # 96 records, batch 8: 12 global steps an epoch.
+    assert _resolve(Settings.of(train_batch_size=8)).checkpoint_steps is None  # a time
+    assert _resolve(Settings.of(train_batch_size=8,
+                                save_checkpoints_steps=5)).checkpoint_steps == 5
+    assert _resolve(Settings.of(train_batch_size=8,
+                                save_checkpoints_epochs=0.5)).checkpoint_steps == 6
+    assert _resolve(Settings.of(train_batch_size=8,
+                                save_checkpoints_epochs=0.01)).checkpoint_steps == 1
+    chief = tf_config.parse(_tf_config("chief"))
+    assert _resolve(Settings.of(), chief).worker_delay_secs is None  # Estimator's, async
+    assert _resolve(Settings.of(sync=True), chief).worker_delay_secs == 0
+    assert _resolve(Settings.of(sync=True, max_worker_delay_secs=7),
+                    chief).worker_delay_secs == 7
+    assert _resolve(Settings.of()).precise_bn_batches == 50
+    assert _resolve(Settings.of(moving_average_decay=0.99)).precise_bn_batches == 0
+    best = Settings.of(export_best=True)
+    assert _resolve(best).exports_best and not _resolve(Settings.of()).exports_best
+    assert _resolve(best, chief).exports_best  # it says where the evaluator exports instead
+    assert not _resolve(best, tf_config.parse(_tf_config("worker"))).exports_best
+    evaluator = tf_config.parse(_tf_config("evaluator", 0, {**CLUSTER, "evaluator": ["h:5"]}))
+    assert _resolve(best, evaluator).exports_best
 
 
 def test_the_length_comes_from_one_setting_in_global_steps():

@@ -8,8 +8,10 @@ devices (one per tower or replica), the data layout, how the gradients meet, the
 rate's ``Schedule`` in global steps and the ``Optimizer`` that applies it, the share of the run
 at small pictures (``--low-res-fraction``, or the recipe's for the data's size), the precision
 as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request, never a
-plan). Each rule behind these facts is a function here, and ``resolve`` is the only caller that
-turns them into a run's numbers. A ``Plan`` holds the role and these facts, no settings, and
+plan); and what the task's Estimator is set up with: the global steps between checkpoints,
+the workers' staggered start, whether precise batch norm runs and whether this task exports
+its best evaluations. Each rule behind these facts is a function here, and ``resolve`` is the
+only caller that turns them into a run's numbers. A ``Plan`` holds the role and these facts, no settings, and
 cannot be changed after it is made.
 
 No TensorFlow here: the commands resolve as much as they can before it loads.
@@ -17,14 +19,15 @@ No TensorFlow here: the commands resolve as much as they can before it loads.
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from cifar10_estimator.config.overlays import MODELS, recipe_epochs, recipe_low_res_fraction
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (ALL_REDUCE_STRATEGIES, HE_FACTORS, HE_FRACTIONS,
                                                LENGTH_SHAPED_SCHEDULES, MULTI_WORKER_MIRRORED,
                                                TOWERS, TUTORIAL_CNN, ClusterSection,
-                                               DevicesSection, ModelSection, ScheduleSection)
+                                               DevicesSection, ModelSection, OutputSection,
+                                               ScheduleSection)
 
 # A precision's dtype: what the convolutions compute in (variables stay float32).
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -46,6 +49,15 @@ def global_batch(worker_batch: int, cluster: ClusterSection, num_trainers: int) 
 def all_reduce_trainer(cluster: ClusterSection, role: Role) -> bool:
     """A training task of a multi-worker all-reduce job."""
     return cluster.distribution_strategy == MULTI_WORKER_MIRRORED and role.trains
+
+
+def strategy_made(cluster: ClusterSection, role: Role) -> Optional[str]:
+    """The tf.distribute strategy a task makes (``--distribution-strategy``), None for towers
+    and for a task that does not train. Decided before the plan: a strategy is made before
+    anything starts TensorFlow's runtime."""
+    if cluster.distribution_strategy == TOWERS or not role.trains:
+        return None
+    return cluster.distribution_strategy
 
 
 def data_format(model: str, devices: DevicesSection) -> str:
@@ -163,6 +175,12 @@ class Plan:
     low_res_fraction: float
     low_res_size: int
     low_res_from: str
+    # What the Estimator of this task is set up with (``checkpoint_steps``,
+    # ``worker_delay_secs``, ``precise_bn_batches``, ``exports_best`` below).
+    checkpoint_steps: Optional[int]  # global steps between checkpoints; None: a time
+    worker_delay_secs: Optional[int]  # the cap on a worker's staggered start; None: Estimator's
+    precise_bn_batches: int  # batches precise batch norm averages at the end; 0: off
+    exports_best: bool  # this task exports its best evaluations (--export-best)
 
     # Facts that follow from the ones above, computed once when the plan is made (and again
     # by ``with_length``): the classes' count, the convolutions' dtype, whether hand-built
@@ -199,6 +217,47 @@ class Plan:
                                    schedule=self.schedule.with_length(train_steps))
 
 
+def checkpoint_steps(output: OutputSection, steps_per_epoch: int) -> Optional[int]:
+    """Global steps between checkpoints: ``--save-checkpoints-steps``, or
+    ``--save-checkpoints-epochs`` in global steps (at least one); None for a time."""
+    if output.save_checkpoints_epochs is not None:
+        return max(1, math.ceil(output.save_checkpoints_epochs * steps_per_epoch))
+    return output.save_checkpoints_steps
+
+
+def worker_delay_secs(cluster: ClusterSection) -> Optional[int]:
+    """``--max-worker-delay-secs``; by default 0 when the workers step together (staggering
+    exists for asynchronous updates; a step together waits for every worker anyway), else
+    None (Estimator's own cap)."""
+    if cluster.max_worker_delay_secs is None and steps_together(cluster):
+        return 0
+    return cluster.max_worker_delay_secs
+
+
+def precise_bn_batches(model: ModelSection) -> int:
+    """Batches precise batch norm averages the statistics over at the end, 0 for none: an
+    exponential moving average of the weights (--moving-average-decay) keeps its own
+    statistics, so precise batch norm is off with it."""
+    return 0 if model.moving_average_decay else model.precise_bn_batches
+
+
+def exports_best(output: OutputSection, role: Role) -> bool:
+    """Whether this task exports its best evaluations: with --export-best, the task that
+    evaluates (a local run, the evaluator) or the chief (which says where the evaluator
+    exports instead, when its cluster lists none)."""
+    return output.export_best and (role.is_chief or role.task_type == "evaluator")
+
+
+def kept_precision(role: Role, output: OutputSection, recorded: Mapping[str, Any]
+                   ) -> Optional[str]:
+    """The precision a job's settings record holds (``recorded``), which a rerun keeps rather
+    than probing again; None where there is none, or where the chief is told to record new
+    settings (--change-settings)."""
+    if role.is_chief and output.change_settings:
+        return None
+    return recorded.get("precision")
+
+
 def epoch_steps(schedule: ScheduleSection, cluster: ClusterSection, role: Role,
                 train_records: int) -> int:
     """Global steps in one pass over ``train_records`` records (at least one)."""
@@ -228,7 +287,8 @@ def run_length(model: ModelSection, schedule: ScheduleSection, cluster: ClusterS
 
 def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
             devices: DevicesSection, cluster: ClusterSection, *, dataset: str,
-            class_names: Sequence[str], train_records: int, precision: str) -> Plan:
+            class_names: Sequence[str], train_records: int, precision: str,
+            output: OutputSection = OutputSection()) -> Plan:
     """The plan of the task ``role`` with these sections of its settings, ``train_records``
     training records and the job's ``precision`` (fp32 or bf16: "auto" is resolved before, by
     ``platform.precision_probe.choose_training``).
@@ -261,4 +321,7 @@ def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
                           else recipe_low_res_fraction(schedule.recipe, train_records)),
         low_res_size=schedule.low_res_size,
         low_res_from=("--low-res-fraction" if low_res_given else
-                      f"the {schedule.recipe} recipe's share for {train_records:,} records"))
+                      f"the {schedule.recipe} recipe's share for {train_records:,} records"),
+        checkpoint_steps=checkpoint_steps(output, steps_per_epoch),
+        worker_delay_secs=worker_delay_secs(cluster), precise_bn_batches=precise_bn_batches(model),
+        exports_best=exports_best(output, role))

@@ -102,7 +102,7 @@ def train_and_evaluate(role: Role, machine: start.Machine,
                 serving = functools.cache(lambda: end.serving_settings(
                     task.model, devices.serving_precision, task.plan.precision, machine))
                 try:
-                    return _run(task, serving, preemption, on_evaluation, data=data, model=model,
+                    return _run(task, serving, preemption, on_evaluation, data=data,
                                 devices=devices, cluster=cluster, output=output, logging_=logging_)
                 except Exception as e:
                     lost = fence.lock_loss(e)
@@ -138,26 +138,22 @@ def _after_evaluation(task: start.Task, best, on_evaluation) -> Callable[[dict, 
 
 
 def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluation, *,
-         data: DataSection, model: ModelSection, devices: DevicesSection,
-         cluster: ClusterSection, output: OutputSection, logging_: LoggingSection
-         ) -> TrainResult:
+         data: DataSection, devices: DevicesSection, cluster: ClusterSection,
+         output: OutputSection, logging_: LoggingSection) -> TrainResult:
     plan = task.plan
     role = plan.role
     if role.is_chief:
         finished = end.finished(plan, output, serving)
         if finished:
             return finished
-    evaluates = role.local or role.task_type == "evaluator"
-    if role.is_chief or (evaluates and output.export_best):
+    if role.is_chief or plan.exports_best:
         serving()
     estimator = specs.estimator(task.model, specs.run_config(task, data.seed, devices, cluster,
                                                              output, logging_))
-    best = end.best_export(plan, output, serving()) if (
-        output.export_best and (evaluates or role.is_chief)) else None
+    best = end.best_export(plan, output, serving()) if plan.exports_best else None
     after = _after_evaluation(task, best, on_evaluation)
     train_spec, eval_spec = specs.specs(
-        task, preemption, after, data=data, model=model, cluster=cluster, output=output,
-        logging_=logging_)
+        task, preemption, after, data=data, cluster=cluster, output=output, logging_=logging_)
     guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir,
                               role.is_chief)
     if role.task_type == "evaluator":

@@ -58,8 +58,9 @@ def serving_settings(trained: ModelSettings, requested: str, trained_in: str,
 
 def best_export(plan: Plan, output: OutputSection, serving: ModelSettings
                 ) -> Optional[BestExport]:
-    """``--export-best``'s exporter for the task that evaluates, else None."""
-    if not output.export_best:
+    """``--export-best``'s exporter for the task that evaluates (``plan.exports_best``), else
+    None."""
+    if not plan.exports_best:
         return None
     role = plan.role
     if role.in_cluster and "evaluator" not in role.cluster and role.is_chief:

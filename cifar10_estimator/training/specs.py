@@ -6,14 +6,13 @@ task's plan and the sections of the settings each of them needs."""
 
 import functools
 import logging
-import math
 from typing import Callable, Optional
 
 import tensorflow as tf
 
 from cifar10_estimator.config.plan import Plan
 from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
-                                               LoggingSection, ModelSection, OutputSection)
+                                               LoggingSection, OutputSection)
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training.estimator import (cluster_hooks, fence, input_fn,
                                                   precise_bn, preemption_hooks, progress)
@@ -31,14 +30,6 @@ from cifar10_estimator.training.start import Task
 log = logging.getLogger("cifar10_estimator")
 
 
-def checkpoint_steps(plan: Plan, output: OutputSection) -> Optional[int]:
-    """Global steps between checkpoints: ``--save-checkpoints-steps``, or
-    ``--save-checkpoints-epochs`` in the plan's steps (at least one); None for a time."""
-    if output.save_checkpoints_epochs is not None:
-        return max(1, math.ceil(output.save_checkpoints_epochs * plan.steps_per_epoch))
-    return output.save_checkpoints_steps
-
-
 def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
                cluster: ClusterSection, output: OutputSection, logging_: LoggingSection
                ) -> tf.estimator.RunConfig:
@@ -52,10 +43,6 @@ def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
     """
     plan = task.plan
     role = plan.role
-    worker_delay = cluster.max_worker_delay_secs
-    if worker_delay is None and plan.steps_together:
-        # Staggering exists for async updates; a sync step waits for every worker anyway.
-        worker_delay = 0
     filters = (peers.device_filters(role.task_type, role.task_id)
                # (An all-reduce step talks to every worker: no filters there.)
                if role.in_cluster and plan.towers else ())
@@ -64,7 +51,7 @@ def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
             model_dir=output.job_dir,
             tf_random_seed=seed,
             session_config=session_config(devices, logging_.log_device_placement, filters),
-            save_checkpoints_steps=checkpoint_steps(plan, output),
+            save_checkpoints_steps=plan.checkpoint_steps,
             save_checkpoints_secs=output.checkpoint_secs,
             keep_checkpoint_max=output.keep_checkpoint_max,
             save_summary_steps=logging_.save_summary_steps,
@@ -80,7 +67,7 @@ def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
             # A worker waits this long for the chief to initialise or restore the model
             # (SessionManager.wait_for_session); Estimator's default is 7200 s.
             session_creation_timeout_secs=cluster.cluster_timeout_secs,
-            experimental_max_worker_delay_secs=worker_delay,
+            experimental_max_worker_delay_secs=plan.worker_delay_secs,
             train_distribute=task.strategy)
     except ValueError as e:  # TF_CONFIG that Estimator refuses (its words span lines)
         raise UserError(f"TF_CONFIG: {' '.join(str(e).split())}; see docs/distributed.md"
@@ -105,7 +92,7 @@ def _evaluated(consider: Optional[Callable[[dict, str], object]], eval_result: d
 
 
 def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], object]], *,
-          data: DataSection, model: ModelSection, cluster: ClusterSection,
+          data: DataSection, cluster: ClusterSection,
           output: OutputSection, logging_: LoggingSection):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``; ``preemption`` (a
     ``training.preemption.Preemption``) gives its hooks, ``consider`` sees each evaluation
@@ -115,8 +102,7 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
     all_reduce = plan.all_reduce_trainer
     # The lock's hook first: in an all-reduce task's session it then runs before the checkpoint
     # hooks, which Estimator gives no listener there.
-    lock_hooks = ([fence.LockHook(lock, (checkpoint_steps(plan, output)
-                                         or fence.ALL_REDUCE_SAVE_STEPS)
+    lock_hooks = ([fence.LockHook(lock, (plan.checkpoint_steps or fence.ALL_REDUCE_SAVE_STEPS)
                                   if all_reduce else None)] if lock is not None else [])
     listeners = [fence.LockListener(lock)] if lock is not None else []
     train_hooks = [*lock_hooks, _progress_hook(plan, logging_, job_dir),
@@ -130,14 +116,13 @@ def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], objec
             cluster_hooks.FirstStepHook(JoinWithin(timeout, (
                 f"every task of TF_CONFIG's chief and workers must run; {name} is waiting for "
                 f"the others")).start())]
-    precise = model.precise_bn_batches and not model.moving_average_decay
     asynchronous = role.in_cluster and role.num_ps and not plan.sync_replicas
-    if role.is_chief and (precise or asynchronous):
+    if role.is_chief and (plan.precise_bn_batches or asynchronous):
         train_hooks.append(precise_bn.CheckpointHook(
-            job_dir, output.checkpoint_secs, checkpoint_steps(plan, output),
+            job_dir, output.checkpoint_secs, plan.checkpoint_steps,
             plan.train_steps, precise_bn.PreciseBatchNorm(
-                model.precise_bn_batches, plan.train_steps,
-                skip=lambda: preemption.signum is not None) if precise else None,
+                plan.precise_bn_batches, plan.train_steps,
+                skip=lambda: preemption.signum is not None) if plan.precise_bn_batches else None,
             listeners))
     if role.in_cluster and role.num_ps:
         train_hooks.append(cluster_hooks.ParameterServerWatchdog(

@@ -35,9 +35,9 @@ import tensorflow as tf
 from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.plan import Plan, Schedule
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import (TOWERS, ClusterSection, DataSection,
-                                               DevicesSection, LoggingSection, ModelSection,
-                                               OutputSection, ScheduleSection, values_of)
+from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
+                                               LoggingSection, ModelSection, OutputSection,
+                                               ScheduleSection, values_of)
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.task import allreduce, peers, tf_config
@@ -77,8 +77,8 @@ def make_strategy(devices: DevicesSection, cluster: ClusterSection, role: Role
     """The tf.distribute strategy of ``--distribution-strategy`` for a training task (None for
     towers, and for tasks that do not train). Made first, before anything starts TensorFlow's
     runtime: a strategy's devices and collective operations can be set up only then."""
-    strategy = cluster.distribution_strategy
-    if strategy == TOWERS or not role.trains:
+    strategy = plans.strategy_made(cluster, role)
+    if strategy is None:
         return None
     if devices.logical_cpus and not towers.ensure_logical_cpus(devices.logical_cpus):
         raise UserError(f"--num-cpu-towers {devices.logical_cpus}: TensorFlow started in this "
@@ -151,11 +151,10 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
     precision = precision_probe.choose_training(
         model, schedule, devices, session_config(devices, logging_.log_device_placement),
         data.data_dir, info.class_names, machine,
-        None if role.is_chief and output.change_settings else recorded.get("precision"),
-        make_model_fn)
+        plans.kept_precision(role, output, recorded), make_model_fn)
     plan = plans.resolve(role, model, schedule, devices, cluster, dataset=info.dataset,
                          class_names=info.class_names, train_records=train_data.num_examples(),
-                         precision=precision)
+                         precision=precision, output=output)
     log.info(_plan_line(plan, model, schedule.recipe))
     current = settings_record.of_plan(plan, values_of(data, model, schedule, devices, cluster,
                                                       output, logging_))
