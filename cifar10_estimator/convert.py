@@ -9,6 +9,7 @@ there before is replaced). A file the gate refuses is named with its loss, and t
 exits with status 2 after writing the others. See docs/serving.md, "LiteRT and ONNX Runtime".
 """
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -100,7 +101,8 @@ def _replace_dir(staged: str, final: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _run(argv: Optional[Sequence[str]]) -> int:
+def _checked_args(argv: Optional[Sequence[str]]):
+    """The command line, parsed and checked: (args, the chosen formats)."""
     args = _parser().parse_args(argv)
     chosen = formats.parse_formats(args.formats)
     if args.calibration_pictures < 1:
@@ -114,18 +116,24 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     if storage.is_url(args.export):
         raise UserError(f"{args.export}: convert a local copy of the export (the converters "
                         f"read and write local files)")
-    prepare_process(os.environ, cpp_log_level=CPP_LOG_LEVEL)  # before TensorFlow loads
-    logs.import_tensorflow_quietly()  # tf2onnx imports it too
-    logs.setup_logging(verbose=False)  # TensorFlow's deprecation notices (record counting)
-    for runtime in dict.fromkeys(f.runtime for f in chosen):  # what is missing, before work
-        formats.require(runtime)
-        if runtime == formats.ONNX:
-            formats.require(runtime, "tf2onnx")
+    return args, chosen
+
+
+@dataclasses.dataclass
+class _Source:
+    """The export being converted, loaded and checked against the records."""
+    export: str  # its numbered folder's absolute path
+    signature: object  # its serving signature, callable on images
+    num_classes: int
+    names: list[str]
+    graph: object  # its float32 graph, which the converters read
+
+
+def _load(args) -> _Source:
+    """Stage 1: the newest export of ``args.export``, checked (``--trust-export`` aside) and
+    matched against ``args.data_dir``'s classes."""
     from cifar10_estimator.data import metadata
-    from cifar10_estimator.data.pipeline import Cifar10DataSet
-    from cifar10_estimator.evaluation import gate
-    from cifar10_estimator.serving import client, conversion, runtimes
-    from cifar10_estimator.serving.runtime_trust import check_model_file
+    from cifar10_estimator.serving import client, conversion
 
     export = os.path.abspath(client.newest_export(args.export))
     info = metadata.dataset_info(args.data_dir)
@@ -137,73 +145,120 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         raise UserError(f"{export} has {num_classes} classes and the records in "
                         f"{args.data_dir} {info.num_classes}; pass the records it was trained "
                         f"on")
-    names = client.class_names(export, num_classes)
-    graph = conversion.float32_graph(signature)
-    calibration = None
-    if any(f.calibrated for f in chosen):
-        metadata.verify_split(args.data_dir, CALIBRATION_SPLIT)
-        calibration = next(iter(Cifar10DataSet(args.data_dir, CALIBRATION_SPLIT,
-                                               use_distortion=False)
-                                .spread_sample(args.calibration_pictures))).numpy()
-    final = formats.converted_dir(export)
-    staged = tempfile.mkdtemp(prefix=f".{formats.CONVERTED_DIR}.", suffix=".tmp", dir=export)
+    return _Source(export, signature, num_classes, client.class_names(export, num_classes),
+                   conversion.float32_graph(signature))
+
+
+def _calibration(args, chosen):
+    """Stage 2: the pictures the int8 files calibrate on (None when none is chosen)."""
+    if not any(f.calibrated for f in chosen):
+        return None
+    from cifar10_estimator.data import metadata
+    from cifar10_estimator.data.pipeline import Cifar10DataSet
+
+    metadata.verify_split(args.data_dir, CALIBRATION_SPLIT)
+    return next(iter(Cifar10DataSet(args.data_dir, CALIBRATION_SPLIT, use_distortion=False)
+                     .spread_sample(args.calibration_pictures))).numpy()
+
+
+def _convert(source: _Source, chosen, calibration, staged: str) -> dict:
+    """Stage 3: each chosen format's file written into ``staged``, checked as ``predict``
+    checks a foreign one, and loaded by its runtime; returns the loaded models by key."""
+    from cifar10_estimator.serving import conversion, runtimes
+    from cifar10_estimator.serving.runtime_trust import check_model_file
+
+    loaded = {}
+    for fmt in chosen:
+        with logs.native_stderr_silenced():  # the converters' C++ notices
+            data = conversion.convert(source.graph, fmt, calibration)
+        path = os.path.join(staged, fmt.file_name)
+        with open(path, "wb") as f:
+            f.write(data)
+        check_model_file(path, data)  # every file we write passes what predict checks
+        loaded[fmt.key] = runtimes.load(path, threads=runtimes.default_threads(), trusted=True)
+        print(f"{fmt.key}: {fmt.file_name}, {len(data):,} bytes")
+    return loaded
+
+
+def _gate(args, source: _Source, chosen, loaded: dict, staged: str):
+    """Stage 4: every file measured beside the SavedModel on the gate split; a file more than
+    ``--max-accuracy-drop`` points under it is removed. Returns (the SavedModel's accuracy,
+    the pictures, the manifest's entries of the kept files, what was refused)."""
+    from cifar10_estimator.evaluation import gate
+    from cifar10_estimator.serving import conversion
+
+    accuracy, pictures, readings = gate.side_by_side(
+        lambda images: source.signature(images=images)["probabilities"],
+        {k: m.probabilities for k, m in loaded.items()}, args.data_dir, GATE_SPLIT,
+        args.batch_size)
+    rows = [["format", "file", "bytes", "accuracy", "delta (points)", "agreement", "kept"],
+            ["SavedModel", os.path.basename(source.export), "", f"{accuracy:.2%}", "", "", ""]]
+    entries, refused = [], []
+    for fmt in chosen:
+        reading, path = readings[fmt.key], os.path.join(staged, fmt.file_name)
+        kept = reading.kept(args.max_accuracy_drop)
+        size = os.path.getsize(path)
+        rows.append([fmt.key, fmt.file_name, f"{size:,}", f"{reading.accuracy:.2%}",
+                     f"{reading.delta_points:+.2f}", f"{reading.agreement:.2%}",
+                     "yes" if kept else "no"])
+        if not kept:
+            refused.append(f"{fmt.key} lost {-reading.delta_points:.2f} points")
+            os.remove(path)
+            continue
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        entries.append({"file": fmt.file_name, "format": fmt.key, "runtime": fmt.runtime,
+                        "precision": fmt.precision, "sha256": digest, "bytes": size,
+                        "input": formats.INPUT_SPEC,
+                        "output": {"name": conversion.OUTPUT_NAME, "dtype": "float32",
+                                   "shape": [None, source.num_classes]},
+                        "class_names": list(source.names),
+                        "accuracy": round(reading.accuracy, 6),
+                        "delta_points": round(reading.delta_points, 4),
+                        "agreement": round(reading.agreement, 6)})
+    print(f"{GATE_SPLIT} split of {args.data_dir}, {pictures:,} pictures; a file is kept "
+          f"within {args.max_accuracy_drop:g} points of the SavedModel:")
+    for line in _table(rows):
+        print("  " + line)
+    return accuracy, pictures, entries, refused
+
+
+def _stage(args, source: _Source, calibration, gated, staged: str, final: str) -> None:
+    """Stage 5: the manifest written beside the kept files, and the folder put in place."""
+    accuracy, pictures, entries, _ = gated
+    manifest = {"export": source.export, "savedmodel_accuracy": round(accuracy, 6),
+                "split": GATE_SPLIT, "pictures": pictures,
+                "max_accuracy_drop_points": args.max_accuracy_drop,
+                "calibration": ({"split": CALIBRATION_SPLIT, "pictures": len(calibration)}
+                                if calibration is not None else None),
+                "versions": _versions(), "files": entries}
+    storage.write_bytes_atomic(os.path.join(staged, formats.MANIFEST_FILE),
+                               (json.dumps(manifest, indent=1) + "\n").encode())
+    _replace_dir(staged, final)
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
+    args, chosen = _checked_args(argv)
+    prepare_process(os.environ, cpp_log_level=CPP_LOG_LEVEL)  # before TensorFlow loads
+    logs.import_tensorflow_quietly()  # tf2onnx imports it too
+    logs.setup_logging(verbose=False)  # TensorFlow's deprecation notices (record counting)
+    for runtime in dict.fromkeys(f.runtime for f in chosen):  # what is missing, before work
+        formats.require(runtime)
+        if runtime == formats.ONNX:
+            formats.require(runtime, "tf2onnx")
+    source = _load(args)
+    calibration = _calibration(args, chosen)
+    final = formats.converted_dir(source.export)
+    staged = tempfile.mkdtemp(prefix=f".{formats.CONVERTED_DIR}.", suffix=".tmp",
+                              dir=source.export)
     try:
-        loaded = {}
-        for fmt in chosen:
-            with logs.native_stderr_silenced():  # the converters' C++ notices
-                data = conversion.convert(graph, fmt, calibration)
-            path = os.path.join(staged, fmt.file_name)
-            with open(path, "wb") as f:
-                f.write(data)
-            check_model_file(path, data)  # every file we write passes what predict checks
-            loaded[fmt.key] = runtimes.load(path, threads=runtimes.default_threads(),
-                                            trusted=True)
-            print(f"{fmt.key}: {fmt.file_name}, {len(data):,} bytes")
-        accuracy, pictures, readings = gate.side_by_side(
-            lambda images: signature(images=images)["probabilities"],
-            {k: m.probabilities for k, m in loaded.items()},
-            args.data_dir, GATE_SPLIT, args.batch_size)
-        rows = [["format", "file", "bytes", "accuracy", "delta (points)", "agreement", "kept"],
-                ["SavedModel", os.path.basename(export), "", f"{accuracy:.2%}", "", "", ""]]
-        entries, refused = [], []
-        for fmt in chosen:
-            reading, path = readings[fmt.key], os.path.join(staged, fmt.file_name)
-            kept = reading.kept(args.max_accuracy_drop)
-            size = os.path.getsize(path)
-            rows.append([fmt.key, fmt.file_name, f"{size:,}", f"{reading.accuracy:.2%}",
-                         f"{reading.delta_points:+.2f}", f"{reading.agreement:.2%}",
-                         "yes" if kept else "no"])
-            if not kept:
-                refused.append(f"{fmt.key} lost {-reading.delta_points:.2f} points")
-                os.remove(path)
-                continue
-            with open(path, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            entries.append({"file": fmt.file_name, "format": fmt.key, "runtime": fmt.runtime,
-                            "precision": fmt.precision, "sha256": digest, "bytes": size,
-                            "input": formats.INPUT_SPEC,
-                            "output": {"name": conversion.OUTPUT_NAME, "dtype": "float32",
-                                       "shape": [None, num_classes]},
-                            "class_names": list(names),
-                            "accuracy": round(reading.accuracy, 6),
-                            "delta_points": round(reading.delta_points, 4),
-                            "agreement": round(reading.agreement, 6)})
-        print(f"{GATE_SPLIT} split of {args.data_dir}, {pictures:,} pictures; a file is kept "
-              f"within {args.max_accuracy_drop:g} points of the SavedModel:")
-        for line in _table(rows):
-            print("  " + line)
-        manifest = {"export": export, "savedmodel_accuracy": round(accuracy, 6),
-                    "split": GATE_SPLIT, "pictures": pictures,
-                    "max_accuracy_drop_points": args.max_accuracy_drop,
-                    "calibration": ({"split": CALIBRATION_SPLIT, "pictures": len(calibration)}
-                                    if calibration is not None else None),
-                    "versions": _versions(), "files": entries}
-        storage.write_bytes_atomic(os.path.join(staged, formats.MANIFEST_FILE),
-                                   (json.dumps(manifest, indent=1) + "\n").encode())
-        _replace_dir(staged, final)
+        loaded = _convert(source, chosen, calibration, staged)
+        gated = _gate(args, source, chosen, loaded, staged)
+        _stage(args, source, calibration, gated, staged, final)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
+    accuracy, _, entries, refused = gated
     if entries:
         print(f"written: {final} ({', '.join(e['file'] for e in entries)} and "
               f"{formats.MANIFEST_FILE})")

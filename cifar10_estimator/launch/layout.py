@@ -169,8 +169,9 @@ class LaunchedTask:
     def name(self) -> str:
         return task_name(self.task_type, self.index)
 
-    @property
-    def exit_code(self) -> Optional[int]:
+    def poll(self) -> Optional[int]:
+        """Its exit status, None while it runs or before it started. On Ray a call to its
+        actor: the launch loop reads it once per tick (``loop.Cluster.run``)."""
         return self.process.poll() if self.process else None
 
     def signalled(self, code: Optional[int]) -> bool:

@@ -146,17 +146,17 @@ class Cluster:
         self.start()
         return True
 
-    def _restart_signalled(self) -> None:
-        """Starts again every task that a signal stopped (not the launcher). This is what
-        Kubernetes' ExitCode restart policy does; the task resumes as after a restart."""
-        for task in self.tasks:
-            task.exit_code  # asks every task first: a lost place is found before any restart
-        # A task whose place is lost, or in doubt for now, means the whole job is placed
-        # again (``_place_again``): a trainer restarted in place meanwhile would wait for it.
+    def _restart_signalled(self, codes: dict[str, Optional[int]]) -> None:
+        """Starts again every task that a signal stopped (not the launcher), by the exit
+        statuses ``codes`` (by task name) read this tick. This is what Kubernetes' ExitCode
+        restart policy does; the task resumes as after a restart."""
+        # Every task was asked first: a lost place is found before any restart. A task whose
+        # place is lost, or in doubt for now, means the whole job is placed again
+        # (``_place_again``): a trainer restarted in place meanwhile would wait for it.
         if any(self.placement.in_doubt(t) for t in self.tasks):
             return
         for task in self.tasks:
-            code = task.exit_code
+            code = codes[task.name]
             if task.signalled(code):
                 how = (f"exit status {code}" if code > 0
                        else f"killed by {signal.Signals(-code).name}")
@@ -195,11 +195,12 @@ class Cluster:
             while True:
                 time.sleep(_POLL_SECS)
                 now = time.monotonic()
-                self._restart_signalled()
-                # A task a signal stopped after the restart pass above is restarted by the next
-                # pass, not taken for a failure (each exit status is read once here).
-                codes = [(t, t.exit_code) for t in self.tasks]
-                bad = [(t, c) for t, c in codes if c not in (None, 0) and not t.signalled(c)]
+                # Each task's exit status, read once this tick (on Ray, a call to its actor);
+                # a task that ends after the read is seen by the next tick.
+                codes = {t.name: t.poll() for t in self.tasks}
+                self._restart_signalled(codes)
+                bad = [(t, codes[t.name]) for t in self.tasks
+                       if codes[t.name] not in (None, 0) and not t.signalled(codes[t.name])]
                 if bad and self._place_again([t for t, _ in bad]):
                     chief_done_at = ps_wait_from = None  # the job starts over, resuming
                     continue
@@ -209,20 +210,20 @@ class Cluster:
                 trainers = [t for t in self.tasks if t.task_type != "ps"]
                 ps = [t for t in self.tasks if t.task_type == "ps"]
                 chief = next(t for t in self.tasks if t.task_type == "chief")
-                if chief.exit_code == 0 and chief_done_at is None:
+                if codes[chief.name] == 0 and chief_done_at is None:
                     chief_done_at = now
                     self.say("chief finished")
                 workers = [t for t in trainers if t.task_type == "worker"]
+                hung = [t.name for t in workers if codes[t.name] is None]
                 if (chief_done_at is not None and now - chief_done_at > _WORKER_GRACE_SECS
-                        and any(t.exit_code is None for t in workers)):
-                    hung = [t.name for t in workers if t.exit_code is None]
+                        and hung):
                     failed = (f"{', '.join(hung)} still running {_WORKER_GRACE_SECS} s after "
                               f"the chief finished")
                     break
-                if all(t.exit_code == 0 for t in trainers):
+                if all(codes[t.name] == 0 for t in trainers):
                     if ps_wait_from is None:
                         ps_wait_from = now
-                    lingering = [t for t in ps if t.exit_code is None]
+                    lingering = [t for t in ps if codes[t.name] is None]
                     if not lingering:
                         break
                     if now - ps_wait_from > _PS_GRACE_SECS:
@@ -240,7 +241,7 @@ class Cluster:
         self.stop(self.tasks)
         self._finish_streams()
         for task in self.tasks:
-            code = task.exit_code
+            code = task.poll()
             how = "stopped" if task.stopped and code != 0 else f"exit status {code}"
             self.say(f"{task.name}: {how}")
         if failed:
