@@ -54,7 +54,7 @@ from sample_records import make_sample_records
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from cifar10_estimator.launch import layout, local, loop  # noqa: E402
+from cifar10_estimator.launch import host_processes, layout, loop  # noqa: E402
 
 import precise_bn_bench as fashion_mnist  # noqa: E402
 from machine import print_machine_line  # noqa: E402
@@ -236,7 +236,7 @@ def run_once(args, key: str, data_dir: str, work: str
         names = ["chief"] + [f"worker{i}" for i in range(trainers - 1)]
     else:
         tasks = layout.lay_out(num_workers=trainers, num_ps=num_ps, evaluator=False)
-        cluster = loop.Cluster(tasks, local.LocalProcesses(), flags, os.environ, out=recorder)
+        cluster = loop.LaunchLoop(tasks, host_processes.HostProcesses(), flags, os.environ, out=recorder)
         if cluster.run(timeout_secs=7200) != 0:
             raise RuntimeError("the cluster failed:\n" + "\n".join(
                 line for _, line in recorder.lines[-40:]))

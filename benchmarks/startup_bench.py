@@ -35,7 +35,7 @@ from cifar10_estimator.training.estimator.model_fn import make_model_fn
 from cifar10_estimator.config import plan
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import Settings
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.platform.session import session_config
 
 data_dir, job_dir, depth, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from cifar10_estimator import __version__
 from cifar10_estimator.errors import error_prefix, invoked_as  # noqa: F401 (cli's names too)
-from cifar10_estimator.storage.local import open_regular
+from cifar10_estimator.storage.regular_files import open_regular
 
 HELP_WIDTH = 79
 # @FILEs read for one command line, nested ones included: more is a loop of inclusions.

@@ -4,7 +4,7 @@
         --data-dir DATA --job-dir JOB --train-steps 1000
 
 starts a whole TensorFlow cluster on this host (``launch.layout`` lays it out,
-``launch.loop`` runs it, as processes of this host: ``launch.local``; with ``--ray``, as Ray
+``launch.loop`` runs it, as processes of this host: ``launch.host_processes``; with ``--ray``, as Ray
 actors: ``launch.ray_actors``): every task runs the trainer with everything after ``--`` and
 its own ``TF_CONFIG``, in a network namespace of their own where it can (``--network``). Exits 0 when training finished, 1 when a task failed, 130 when interrupted
 (Ctrl-C or SIGTERM).
@@ -20,8 +20,8 @@ from cifar10_estimator.errors import UserError, run_cli
 from cifar10_estimator.config import flags
 from cifar10_estimator.config.settings import MIRRORED, MULTI_WORKER_MIRRORED
 from cifar10_estimator.launch import layout
-from cifar10_estimator.launch.local import LocalProcesses
-from cifar10_estimator.launch.loop import Cluster
+from cifar10_estimator.launch.host_processes import HostProcesses
+from cifar10_estimator.launch.loop import LaunchLoop
 
 MODULE = "cifar10_estimator.cluster"
 
@@ -129,10 +129,10 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
                             f"the job; rerun the command to resume)")
     network = layout.choose_network(args.network, paths, args.host, os.geteuid(),
                                     os.getegid())
-    placement = LocalProcesses(network)
+    placement = HostProcesses(network)
     try:
         tasks = layout.lay_out(args.num_workers, num_ps, args.evaluator, args.host, network)
-        cluster = Cluster(tasks, placement, trainer_args, os.environ, out=out)
+        cluster = LaunchLoop(tasks, placement, trainer_args, os.environ, out=out)
         # SIGTERM (e.g. from a test or a job scheduler) stops the tasks like Ctrl-C does.
         signal.signal(signal.SIGTERM, _interrupt)
         return cluster.run(args.timeout_secs)
@@ -177,7 +177,7 @@ def _run_on_ray(args, num_ps: int, trainer_args: list[str], paths: dict, out: Te
     placement = ray_actors.RayActors(placed, place)
     # Every task gets the launcher's storage, TensorFlow, CUDA and NCCL variables on top of
     # its node's environment (ray_actors.FORWARDED_PREFIXES).
-    cluster = Cluster(tasks, placement, trainer_args, ray_actors.forwarded(os.environ), out,
+    cluster = LaunchLoop(tasks, placement, trainer_args, ray_actors.forwarded(os.environ), out,
                       max_failures)
     try:
         cluster.say(placement.summary())

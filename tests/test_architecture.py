@@ -316,3 +316,16 @@ def specs(plan, model: ModelSection, output: OutputSection, cluster: ClusterSect
 '''
     found = _derivations(ast.parse(source).body[0])
     assert sorted(line.split(":")[0] for line in found) == ["line 3", "line 4", "line 6"], found
+
+
+def test_no_two_modules_share_a_base_name_and_no_public_class_is_defined_twice():
+    # One meaning per name: a reader who meets `settings` or `Cluster` opens one file.
+    bases, classes = {}, {}
+    for module, path in MODULES.items():
+        if not path.endswith("__init__.py"):
+            bases.setdefault(os.path.basename(path), []).append(module)
+        for node in ast.parse(open(path).read()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                classes.setdefault(node.name, []).append(module)
+    assert {b: m for b, m in bases.items() if len(m) > 1} == {}
+    assert {c: m for c, m in classes.items() if len(m) > 1} == {}

@@ -109,7 +109,7 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
     from cifar10_estimator.config import plan
     from cifar10_estimator.config.role import Role
     from cifar10_estimator.training.estimator.model_fn import make_model_fn
-    from cifar10_estimator.model.settings import ModelSettings
+    from cifar10_estimator.model.model_settings import ModelSettings
 
     evaluator_role = Role("evaluator", 0, {"chief": ("127.0.0.1:1",),
                                            "evaluator": ("127.0.0.1:2",)})

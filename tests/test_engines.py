@@ -230,7 +230,7 @@ def test_a_lost_node_after_the_restarts_are_spent_ends_the_job_in_one_line():
     tasks[1].process.lost_because = "The actor died because its node has died."
     out = io.StringIO()
     placement = ray_actors.RayActors(placed, place_again=lambda: pytest.fail("placed again"))
-    cluster = loop.Cluster(tasks, placement, [], {}, out, max_failures=0)
+    cluster = loop.LaunchLoop(tasks, placement, [], {}, out, max_failures=0)
     assert not cluster._place_again([tasks[1]])
     assert out.getvalue() == (
         "[cluster] worker0's node 10.0.0.2 (node node1nod) was lost (The actor died because "

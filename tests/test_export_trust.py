@@ -62,7 +62,7 @@ def our_exports(tmp_path_factory, tiny_export) -> dict[str, str]:
     under pytest-xdist, by the first test process that asks; each reads a copy of its own),
     and the trained ``tiny_export``."""
     from cifar10_estimator.config.settings import ModelSection
-    from cifar10_estimator.model.settings import ModelSettings
+    from cifar10_estimator.model.model_settings import ModelSettings
     from cifar10_estimator.serving import export
 
     def build(root: str) -> None:

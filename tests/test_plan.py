@@ -113,7 +113,7 @@ def test_a_plan_has_one_precision_and_cannot_change():
 
 
 def test_the_model_reads_the_plans_facts():
-    from cifar10_estimator.model.settings import ModelSettings
+    from cifar10_estimator.model.model_settings import ModelSettings
 
     settings = Settings.of(train_batch_size=8, sync=True, train_steps=30, data_dir="d",
                            job_dir="j", num_layers=8)

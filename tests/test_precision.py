@@ -16,7 +16,7 @@ import tensorflow as tf
 from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training.estimator.model_fn import make_model_fn
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.platform import cpu, precision, precision_cache, precision_probe
 from cifar10_estimator.platform.precision import Measured, ProbeFailed

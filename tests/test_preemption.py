@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from cifar10_estimator.jobdir import lock as job_lock
-from cifar10_estimator.launch import local as local_launch
+from cifar10_estimator.launch import host_processes as local_launch
 from cluster_fixtures import (frozen, frozen_holder, local_spec, operator_tf_configs,
                               tf_config)
 from trainer_fixtures import (Trainer, checkpoint_step, run_trainer, trainer_args,
@@ -212,8 +212,8 @@ def test_a_killed_launcher_stops_its_tasks_and_the_same_command_resumes(
 _LAUNCHER_PARENT = """
 import os, sys
 from cifar10_estimator.launch.layout import LaunchedTask
-from cifar10_estimator.launch.local import LocalProcesses
-child = LocalProcesses().spawn(LaunchedTask("chief", 0, ""), sys.argv[2:], dict(os.environ))
+from cifar10_estimator.launch.host_processes import HostProcesses
+child = HostProcesses().spawn(LaunchedTask("chief", 0, ""), sys.argv[2:], dict(os.environ))
 print(child.pid, flush=True)
 with open(sys.argv[1], "w") as log:
     for line in child.stdout:

@@ -21,7 +21,7 @@ import onnx  # noqa: E402
 from cifar10_estimator.config.settings import ModelSection  # noqa: E402
 from cifar10_estimator.data import schema  # noqa: E402
 from cifar10_estimator.errors import UserError  # noqa: E402
-from cifar10_estimator.model.settings import ModelSettings  # noqa: E402
+from cifar10_estimator.model.model_settings import ModelSettings  # noqa: E402
 from cifar10_estimator.serving import client, conversion, export, formats, runtimes  # noqa: E402
 from cifar10_estimator.serving.formats import FORMATS  # noqa: E402
 from test_export_trust import our_exports  # noqa: E402,F401  (the exports of every variant)

@@ -56,7 +56,7 @@ def test_train_evaluate_export_and_serve_in_a_fresh_process(tiny_records, tmp_pa
     config = Settings.of(data_dir=data_dir, job_dir=job_dir, num_layers=8,
                          num_cpu_towers=2, batch_norm_decay=0.5)
     from cifar10_estimator.training.estimator.model_fn import make_model_fn
-    from cifar10_estimator.model.settings import ModelSettings
+    from cifar10_estimator.model.model_settings import ModelSettings
     settings = ModelSettings.of(plan.resolve(Role(), config.model, config.schedule,
                                              config.devices, config.cluster, dataset="cifar10",
                                              class_names=schema.CLASS_NAMES, train_records=96,

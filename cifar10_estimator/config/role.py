@@ -25,13 +25,13 @@ class Role:
 
     task_type: str = "worker"
     task_id: int = 0
-    cluster: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    cluster_spec: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     # TF_CONFIG listed workers only (Ray Train, SageMaker): worker 0 became the chief.
     workers_only: bool = False
 
     @property
     def local(self) -> bool:
-        return not self.cluster
+        return not self.cluster_spec
 
     @property
     def name(self) -> str:
@@ -68,16 +68,16 @@ class Role:
     @property
     def chief_evaluates(self) -> bool:
         """Whether the chief of this task's cluster evaluates at the end (above)."""
-        return self.workers_only and "evaluator" not in self.cluster
+        return self.workers_only and "evaluator" not in self.cluster_spec
 
     @property
     def num_trainers(self) -> int:
         """Training tasks of the job (chief and workers); 1 for a local run."""
-        return max(1, sum(len(self.cluster.get(job, ())) for job in TRAINER_JOBS))
+        return max(1, sum(len(self.cluster_spec.get(job, ())) for job in TRAINER_JOBS))
 
     @property
     def num_ps(self) -> int:
-        return len(self.cluster.get("ps", ()))
+        return len(self.cluster_spec.get("ps", ()))
 
     @property
     def trainer_index(self) -> int:
@@ -85,16 +85,16 @@ class Role:
         the chief 0, worker i i + 1; 0 for a local run."""
         if self.local or self.task_type in ("chief", "master"):
             return 0
-        return self.task_id + (1 if any(j in self.cluster for j in ("chief", "master")) else 0)
+        return self.task_id + (1 if any(j in self.cluster_spec for j in ("chief", "master")) else 0)
 
     @property
     def ps_tasks(self) -> dict[str, str]:
         """``ps:i`` -> address."""
-        return {f"ps:{i}": address for i, address in enumerate(self.cluster.get("ps", ()))}
+        return {f"ps:{i}": address for i, address in enumerate(self.cluster_spec.get("ps", ()))}
 
     @property
     def peers(self) -> dict[str, str]:
         """The other training tasks: ``job:index`` -> address."""
         return {f"{job}:{i}": address for job in TRAINER_JOBS
-                for i, address in enumerate(self.cluster.get(job, ()))
+                for i, address in enumerate(self.cluster_spec.get(job, ()))
                 if (job, i) != (self.task_type, self.task_id)}

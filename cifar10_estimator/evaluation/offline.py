@@ -28,7 +28,7 @@ from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import checkpoints
 from cifar10_estimator.model.checkpoints import checkpoint_gone, checkpoint_model, checkpoint_step
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.config.overlays import TUTORIAL_CNN_AVERAGE_DECAY
 from cifar10_estimator.config.settings import EXPORT_SUBDIR, ModelSection
 from cifar10_estimator.serving import client, formats, runtimes

@@ -24,7 +24,7 @@ from cifar10_estimator.data import metadata, schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import networks
 from cifar10_estimator.model.checkpoints import checkpoint_model, model_flags
-from cifar10_estimator.model.settings import NAN_LOSS_MESSAGE
+from cifar10_estimator.model.model_settings import NAN_LOSS_MESSAGE
 from cifar10_estimator.config.settings import ModelSection
 
 

@@ -156,7 +156,7 @@ def task_name(task_type: str, index: int) -> str:
 class LaunchedTask:
     """One task of the cluster as the launcher sees it: its role and ``TF_CONFIG``, and its
     process once the launch loop (``loop``) has started it, here or on a Ray node. (Inside the
-    task, the trainer's own state is ``training.start.Task``.)"""
+    task, the trainer's own state is ``training.start.StartedTask``.)"""
 
     task_type: str
     index: int
@@ -171,7 +171,7 @@ class LaunchedTask:
 
     def poll(self) -> Optional[int]:
         """Its exit status, None while it runs or before it started. On Ray a call to its
-        actor: the launch loop reads it once per tick (``loop.Cluster.run``)."""
+        actor: the launch loop reads it once per tick (``loop.LaunchLoop.run``)."""
         return self.process.poll() if self.process else None
 
     def signalled(self, code: Optional[int]) -> bool:

@@ -1,7 +1,7 @@
 """The launch loop: a cluster's tasks started, watched, restarted and stopped, wherever their
 processes run.
 
-``Cluster`` starts one process per task (``layout``), each running the trainer command line
+``LaunchLoop`` starts one process per task (``layout``), each running the trainer command line
 (``python -m cifar10_estimator`` + the trainer's flags) with its own ``TF_CONFIG``, and streams
 each task's output with a ``[chief]``, ``[worker0]``, ``[ps0]``, ``[evaluator]`` prefix. A task
 that a signal stopped (exit status 128 or more, e.g. 143 after SIGTERM) is started again, as
@@ -12,7 +12,7 @@ reported (``task.peers.run_parameter_server``) and are stopped if they linger. E
 shares the trainer's ``--job-dir``, as a real cluster must (on several hosts: shared storage).
 
 Where the processes run is the ``Placement`` the loop is handed: this host's processes
-(``local.LocalProcesses``), or Ray actors on a Ray cluster's nodes (``ray_actors.RayActors``).
+(``host_processes.HostProcesses``), or Ray actors on a Ray cluster's nodes (``ray_actors.RayActors``).
 The rules are the loop's alone, for both: the restarts in place, the ending, and the job placed
 again (at most ``max_failures`` times) when a placement has lost a task's place for good, which
 only Ray's does (a lost node: the others' ``TF_CONFIG`` names its address).
@@ -76,7 +76,7 @@ class Placement(Protocol):
         """Releases the places (and, with them, any process still in one)."""
 
 
-class Cluster:
+class LaunchLoop:
     """Starts, watches and stops the processes of a cluster's tasks, in ``placement``; a job
     whose placement lost a task's place is placed again at most ``max_failures`` times."""
 

@@ -12,7 +12,7 @@ The same roles, ``TF_CONFIG`` values (``layout``), output and rules as a cluster
   node's environment and the launcher's own storage, TensorFlow, CUDA and NCCL variables
   (``FORWARDED_PREFIXES``: the bucket's endpoint and keys travel with the job). Their output
   comes back with the task's prefix, ``[chief] ...``.
-- The ending and restart rules are the launch loop's (``loop.Cluster``), which is handed
+- The ending and restart rules are the launch loop's (``loop.LaunchLoop``), which is handed
   ``RayActors`` as its placement: a trainer that a signal stopped, or that was killed, is
   started again in its actor, on the same node and port, and resumes from the latest
   checkpoint; a task that failed stops the job; the job ends when the chief, the workers and

@@ -24,7 +24,7 @@ import tensorflow as tf
 from cifar10_estimator.data import pipeline
 from cifar10_estimator.model import (lookahead, metrics, networks, resnet, schedules, towers,
                                      whitening)
-from cifar10_estimator.model.settings import NAN_LOSS_MESSAGE, ModelSettings
+from cifar10_estimator.model.model_settings import NAN_LOSS_MESSAGE, ModelSettings
 
 log = logging.getLogger("cifar10_estimator")
 

@@ -29,7 +29,7 @@ from cifar10_estimator.config.plan import DTYPES
 from cifar10_estimator.config.settings import DevicesSection, ModelSection, ScheduleSection
 from cifar10_estimator.data import schema
 from cifar10_estimator.model import networks
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.serving.signatures import RandomWeights, ServingModule
 from cifar10_estimator.platform import precision, precision_cache
 from cifar10_estimator.platform.cpu import CpuInfo

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from cifar10_estimator import storage
 from cifar10_estimator.model.checkpoints import checkpoint_gone
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.serving.export import EVAL_METRICS_FILE, export_saved_model
 
 log = logging.getLogger("cifar10_estimator")

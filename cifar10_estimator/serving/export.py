@@ -33,7 +33,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from cifar10_estimator import storage
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model.checkpoints import checkpoint_step
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.serving import warmup
 from cifar10_estimator.serving.signatures import CLASSIFY_SIGNATURE, FrozenWeights, ServingModule
 

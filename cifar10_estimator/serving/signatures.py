@@ -39,7 +39,7 @@ from cifar10_estimator.data import images as image_ops
 from cifar10_estimator.data import schema
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.model import checkpoints, networks
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 
 IMAGES_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 BYTES_SIGNATURE = "serving_bytes"

@@ -37,6 +37,6 @@ from cifar10_estimator.storage.atomic import (  # noqa: F401
 from cifar10_estimator.storage.files import (  # noqa: F401
     exists, glob, isdir, isfile, listdir, makedirs, mtime, open_file, read_bytes, read_json,
     read_text, remove, rename, rmtree, size, upload_tree, write_bytes)
-from cifar10_estimator.storage.local import open_regular  # noqa: F401
+from cifar10_estimator.storage.regular_files import open_regular  # noqa: F401
 from cifar10_estimator.storage.locations import (  # noqa: F401
     TFIO_PAIR, basename, gfile, is_url, join, os_errors, parent, reason, scheme)

@@ -14,7 +14,7 @@ import os
 import shutil
 from typing import IO, Optional
 
-from cifar10_estimator.storage.local import open_regular
+from cifar10_estimator.storage.regular_files import open_regular
 from cifar10_estimator.storage.locations import gfile, is_url, join, os_errors, parent, scheme
 
 

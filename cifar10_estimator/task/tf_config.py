@@ -157,7 +157,7 @@ def estimator_tf_config(text: Optional[str], role: Role) -> Optional[str]:
     if role.local and role.task_type == "worker":
         return None
     value = json.loads(text)
-    value.update(cluster={job: list(addresses) for job, addresses in role.cluster.items()},
+    value.update(cluster={job: list(addresses) for job, addresses in role.cluster_spec.items()},
                  task={**value["task"], "type": role.task_type, "index": role.task_id})
     return json.dumps(value)
 
@@ -176,5 +176,5 @@ def role_line(role: Role, cluster: ClusterSection, output: OutputSection) -> str
         return "role: local (no cluster in TF_CONFIG)"
     updates = ("collective all-reduce" if cluster.distribution_strategy != TOWERS else
                "synchronous" if cluster.sync else "asynchronous")
-    return (f"role: {role.task_type} {role.task_id} of the cluster {describe(role.cluster)}; "
+    return (f"role: {role.task_type} {role.task_id} of the cluster {describe(role.cluster_spec)}; "
             f"{role.num_trainers} training task(s), {role.num_ps} ps, {updates} updates")

@@ -75,7 +75,7 @@ def train_and_evaluate(role: Role, machine: start.Machine,
     preemption.before_exit(lambda stop: log.info(
         stopped_line(stop, role, output.job_dir, preemption.last_step)))
     try:
-        with peers.own_server(role.cluster, role.task_type, role.task_id):
+        with peers.own_server(role.cluster_spec, role.task_type, role.task_id):
             if role.task_type == "ps":
                 preemption.serving = True  # a signal: serve on for the chief's save
                 start.serve_variables(cluster, role, lambda: preemption.signum is not None)
@@ -114,13 +114,13 @@ def train_and_evaluate(role: Role, machine: start.Machine,
         raise
 
 
-def _check_lock(task: start.Task) -> None:
+def _check_lock(task: start.StartedTask) -> None:
     """LockLost if the task that held the job dir's lock has lost it (re-reads it)."""
     if task.lock is not None:
         task.lock.check()
 
 
-def _after_evaluation(task: start.Task, best, on_evaluation) -> Callable[[dict, str], object]:
+def _after_evaluation(task: start.StartedTask, best, on_evaluation) -> Callable[[dict, str], object]:
     """What follows each evaluation: ``--export-best``'s exporter considers it, and
     ``on_evaluation`` gets it with its epoch and this task's images/s since it started."""
     started, plan = time.monotonic(), task.plan
@@ -137,7 +137,7 @@ def _after_evaluation(task: start.Task, best, on_evaluation) -> Callable[[dict, 
     return after
 
 
-def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluation, *,
+def _run(task: start.StartedTask, serving: Callable, preemption: Preemption, on_evaluation, *,
          data: DataSection, devices: DevicesSection, cluster: ClusterSection,
          output: OutputSection, logging_: LoggingSection) -> TrainResult:
     plan = task.plan
@@ -195,7 +195,7 @@ def _run(task: start.Task, serving: Callable, preemption: Preemption, on_evaluat
     return result
 
 
-def _evaluate_only(task: start.Task, estimator, eval_spec, after, guard,
+def _evaluate_only(task: start.StartedTask, estimator, eval_spec, after, guard,
                    output: OutputSection) -> TrainResult:
     """The evaluator task: every new checkpoint until the final one."""
     plan = task.plan
@@ -212,7 +212,7 @@ def _evaluate_only(task: start.Task, estimator, eval_spec, after, guard,
                        role="evaluator")
 
 
-def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval_spec, guard,
+def _train(task: start.StartedTask, preemption: Preemption, estimator, train_spec, eval_spec, guard,
            timeout_secs: int, job_dir: str) -> Optional[dict]:
     """Trains (and, locally, evaluates); returns the final evaluation's metrics, if any."""
     plan = task.plan
@@ -232,13 +232,13 @@ def _train(task: start.Task, preemption: Preemption, estimator, train_spec, eval
                         f"{e.message.splitlines()[0]}") from None
     if preemption.signum is not None and role.in_cluster and role.num_ps and role.is_chief:
         # The parameter servers, if a signal stops them too, serve on until this save.
-        peers.report(role.cluster, f"{role.task_type}:{role.task_id}", peers.SAVED,
+        peers.report(role.cluster_spec, f"{role.task_type}:{role.task_id}", peers.SAVED,
                      _SAVED_REPORT_SECS)
     preemption.check()  # a session that stopped for a signal: no report, no export
     if plan.all_reduce_trainer and task.agreed_stop.stopped:
         raise Stopped(signal.SIGTERM, why="stopped with the job (another task received a signal)")
     if role.in_cluster and role.num_ps:
         # Lets the parameter servers exit; the export below does not need them.
-        peers.report(role.cluster, f"{role.task_type}:{role.task_id}", peers.FINISHED,
+        peers.report(role.cluster_spec, f"{role.task_type}:{role.task_id}", peers.FINISHED,
                      _REPORT_TIMEOUT_SECS)
     return result[0] if result else None

@@ -23,7 +23,7 @@ from cifar10_estimator.config.settings import OutputSection
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.evaluation import offline, report
 from cifar10_estimator.model import checkpoints
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.serving import client
 from cifar10_estimator.serving.best_export import BestExport
@@ -63,7 +63,7 @@ def best_export(plan: Plan, output: OutputSection, serving: ModelSettings
     if not plan.exports_best:
         return None
     role = plan.role
-    if role.in_cluster and "evaluator" not in role.cluster and role.is_chief:
+    if role.in_cluster and "evaluator" not in role.cluster_spec and role.is_chief:
         log.info("--export-best: the best export is made by the evaluator task, and this "
                  "cluster lists none (start one with the same flags and "
                  "TF_CONFIG task type 'evaluator')")

@@ -19,18 +19,18 @@ from cifar10_estimator.training.estimator import (cluster_hooks, fence, input_fn
 from cifar10_estimator.training.estimator.exporter import AfterEvaluation
 from cifar10_estimator.training.estimator.model_fn import make_model_fn
 from cifar10_estimator.model import checkpoints
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.platform.session import session_config
 from cifar10_estimator.serving.best_export import BEST_SUBDIR
 from cifar10_estimator.task import peers
 from cifar10_estimator.task.allreduce import JoinWithin
 from cifar10_estimator.training.end import evaluation_line
-from cifar10_estimator.training.start import Task
+from cifar10_estimator.training.start import StartedTask
 
 log = logging.getLogger("cifar10_estimator")
 
 
-def run_config(task: Task, seed: Optional[int], devices: DevicesSection,
+def run_config(task: StartedTask, seed: Optional[int], devices: DevicesSection,
                cluster: ClusterSection, output: OutputSection, logging_: LoggingSection
                ) -> tf.estimator.RunConfig:
     """The Estimator's RunConfig for ``task``, with ``seed`` (``--seed``).
@@ -91,7 +91,7 @@ def _evaluated(consider: Optional[Callable[[dict, str], object]], eval_result: d
     return consider(eval_result, checkpoint_path) if consider else None
 
 
-def specs(task: Task, preemption, consider: Optional[Callable[[dict, str], object]], *,
+def specs(task: StartedTask, preemption, consider: Optional[Callable[[dict, str], object]], *,
           data: DataSection, cluster: ClusterSection,
           output: OutputSection, logging_: LoggingSection):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``; ``preemption`` (a

@@ -46,7 +46,7 @@ from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints, networks, schedules, towers
 from cifar10_estimator.training.estimator.model_fn import make_model_fn
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.platform.precision_probe import Machine
 from cifar10_estimator.platform.session import session_config
@@ -55,7 +55,7 @@ log = logging.getLogger("cifar10_estimator")
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class StartedTask:
     """A started task: its plan, and what it runs with."""
 
     plan: Plan
@@ -118,8 +118,8 @@ def serve_variables(cluster: ClusterSection, role: Role,
                     stop_requested: Callable[[], bool]) -> None:
     """A parameter server's run: serves variables until every training task reported done, or
     after ``stop_requested()`` until the chief has saved (``task.peers``)."""
-    log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster))
-    peers.run_parameter_server(role.cluster, role.task_id, cluster.cluster_timeout_secs,
+    log.info("role: ps %d of the cluster %s", role.task_id, tf_config.describe(role.cluster_spec))
+    peers.run_parameter_server(role.cluster_spec, role.task_id, cluster.cluster_timeout_secs,
                                stop_requested)
 
 
@@ -127,7 +127,7 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
           before_exit: Callable[[Callable], None], strategy: Optional[tf.distribute.Strategy],
           *, data: DataSection, model: ModelSection, schedule: ScheduleSection,
           devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
-          logging_: LoggingSection, trained: bool = False) -> Task:
+          logging_: LoggingSection, trained: bool = False) -> StartedTask:
     """Starts this task (see the module's docstring) with the sections of its settings and
     returns it; ``trained``: the job already trained to its last step (``trained_to_end``),
     so the task waits for no other. The chief's lock is released when ``stack`` closes, or by
@@ -175,7 +175,7 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
         latest = tf.train.latest_checkpoint(output.job_dir)
         if latest:  # only the chief restores; others use the ps, get the chief's values
             log.info("resuming from %s", latest)
-    return Task(plan, ModelSettings.of(plan, model, data.data_dir), train_data, eval_data,
+    return StartedTask(plan, ModelSettings.of(plan, model, data.data_dir), train_data, eval_data,
                 checkpoints.latest_step(output.job_dir), agreed_stop, strategy, lock)
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 import tensorflow as tf
 
 from cifar10_estimator.model import graph
-from cifar10_estimator.model.settings import ModelSettings
+from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.training.estimator import sync_replicas
 
 PREDICT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY

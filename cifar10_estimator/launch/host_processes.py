@@ -1,4 +1,4 @@
-"""A cluster's tasks as processes of this host: the launch loop's placement (``loop.Cluster``)
+"""A cluster's tasks as processes of this host: the launch loop's placement (``loop.LaunchLoop``)
 for the ``cluster`` command without ``--ray``.
 
 Each task is a child process in a process group of its own (Ctrl-C reaches the launcher, which
@@ -22,7 +22,7 @@ from cifar10_estimator.platform.parent_death import end_with_parent
 PARENT_DEATH_SIGNAL = signal.SIGHUP
 
 
-class LocalProcesses:
+class HostProcesses:
     """The placement (``loop.Placement``) of tasks that run as processes of this host, in
     ``network``."""
 
