@@ -329,3 +329,22 @@ def test_no_two_modules_share_a_base_name_and_no_public_class_is_defined_twice()
                 classes.setdefault(node.name, []).append(module)
     assert {b: m for b, m in bases.items() if len(m) > 1} == {}
     assert {c: m for c, m in classes.items() if len(m) > 1} == {}
+
+
+def test_estimator_itself_is_named_only_in_its_room_and_the_compatibility_layer():
+    # RunConfig, the specs, train_and_evaluate, the evaluator's Estimator.evaluate loop, ModeKeys:
+    # the next TensorFlow that changes Estimator has training/estimator/ and estimator_compat
+    # to open (docs/architecture.md).
+    room = f"{PACKAGE}.training.estimator"
+    found = []
+    for module, path in sorted(MODULES.items()):
+        if module.startswith(room) or module == f"{PACKAGE}.estimator_compat":
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr == "estimator" and (
+                    ast.unparse(node.value) in ("tf", "tf.compat.v1", "tf.compat.v2")):
+                found.append(f"{module} line {node.lineno}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "tensorflow_estimator"):
+                found.append(f"{module} line {node.lineno}")
+    assert found == []

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.data import schema
-from cifar10_estimator.task import evaluator
+from cifar10_estimator.training.estimator import evaluate_loop
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cluster_fixtures import (CLUSTER_FLAGS, EVALUATED, RAN, SAVED, exports, frozen,
                               frozen_holder, operator_tf_configs)
@@ -120,7 +120,7 @@ def test_the_evaluator_skips_a_checkpoint_deleted_before_it_was_read(tiny_record
                                 config.model, config.data.data_dir)
 
     estimator = tf.estimator.Estimator(make_model_fn(settings), model_dir=job_dir)
-    metrics = evaluator.evaluate_checkpoints(estimator, input_fn, train_steps=4,
+    metrics = evaluate_loop.evaluate_checkpoints(estimator, input_fn, train_steps=4,
                                              throttle_secs=600)
     assert metrics["global_step"] == 4
     assert len(calls) == 2  # the deleted checkpoint was skipped, the final one evaluated

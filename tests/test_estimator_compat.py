@@ -318,9 +318,9 @@ RUN_CONFIG_SET_FOR_THE_ESTIMATOR = ("_distribute_coordinator_mode",)
 RUN_CONFIG_FUNCTIONS = {"_count_ps": 1, "_count_worker": 2, "_get_global_id_in_cluster": 4}
 ESTIMATOR_ATTRIBUTES = ("_config", "_train_distribution", "_eval_distribution")
 EXECUTOR_METHODS = ("_start_continuous_evaluation",)  # training._TrainingExecutor's
-# TensorFlow's CheckpointSaverHook, which training/precise_bn.py's CheckpointHook extends: what
-# it overrides and reads, and the names it adds (which the base must not have).
-SAVER_HOOK_METHODS = ("_save",)
+# TensorFlow's CheckpointSaverHook, which training/estimator/precise_bn.py's CheckpointHook
+# extends: what it reads of the base once the hook has begun (the class scan below pins every
+# private name the two share), and the names it adds (which the base must not have).
 SAVER_HOOK_ATTRIBUTES = ("_timer", "_listeners", "_global_step_tensor")
 SAVER_HOOK_ADDED = ("_final_step", "_precise")
 PINNED = {*RUN_CONFIG_ATTRIBUTES, *RUN_CONFIG_METHODS, *RUN_CONFIG_SET_FOR_THE_ESTIMATOR,
@@ -414,6 +414,91 @@ def test_what_the_checkpoint_hook_extends_is_there(tmp_path):
         assert callable(getattr(hook._timer, name, None)), name
     # The names CheckpointHook adds are its own, not the base's.
     assert [n for n in SAVER_HOOK_ADDED if hasattr(hook, n)] == []
+
+
+# --- every class of the package that extends a TensorFlow class ---------------------------------
+
+# Each one's private names that are its TensorFlow base's (what it overrides, reads or sets of
+# the base's own): pinned by class, so that a release that renames one fails here by name, and a
+# private name a class adds that its base also uses (which would clobber the base's) fails too.
+BASE_PRIVATES = {
+    "cifar10_estimator.training.estimator.precise_bn.CheckpointHook":
+        {"_save", "_timer", "_listeners", "_global_step_tensor"},
+}
+# Module-level functions with an underscore that are public API.
+PUBLIC_UNDERSCORED = {"_exit"}  # os._exit
+
+
+def _package_modules() -> dict[str, str]:
+    root = os.path.join(PACKAGE_ROOT, "cifar10_estimator")
+    found = {}
+    for folder, _, files in os.walk(root):
+        for file in files:
+            if file.endswith(".py"):
+                parts = os.path.relpath(os.path.join(folder, file), PACKAGE_ROOT)[:-3].split(os.sep)
+                found[".".join(p for p in parts if p != "__init__")] = os.path.join(folder, file)
+    return found
+
+
+def _tensorflow_subclasses() -> list[tuple[str, ast.ClassDef]]:
+    """(module, class) for each class of the package whose base is a ``tf.`` name."""
+    found = []
+    for module, path in _package_modules().items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.ClassDef) and any(
+                    ast.unparse(base).startswith("tf.") for base in node.bases):
+                found.append((module, node))
+    return found
+
+
+def _private_names_of(cls: ast.ClassDef) -> set[str]:
+    """The private names a class uses on itself: ``self._x``, ``super()._x`` and the private
+    methods it defines."""
+    names = {node.name for node in cls.body if isinstance(node, ast.FunctionDef)}
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and (
+                (isinstance(node.value, ast.Name) and node.value.id == "self")
+                or (isinstance(node.value, ast.Call) and ast.unparse(node.value) == "super()")):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_every_private_name_a_class_shares_with_its_tensorflow_base_is_pinned():
+    classes = _tensorflow_subclasses()
+    assert {f"{m}.{c.name}" for m, c in classes} >= set(BASE_PRIVATES)
+    shared = {}
+    for module, node in classes:
+        cls = getattr(importlib.import_module(module), node.name)
+        base_source = "".join(inspect.getsource(base) for base in cls.__mro__[1:]
+                              if base.__module__.startswith(("tensorflow", "keras")))
+        names = {n for n in _private_names_of(node)
+                 if f"self.{n}" in base_source or f"def {n}(" in base_source}
+        if names:
+            shared[f"{module}.{node.name}"] = names
+    # Exactly the pinned ones: a shared name not pinned is one more to watch (or a clash), a
+    # pinned one no longer shared is gone from the base.
+    assert shared == BASE_PRIVATES
+
+
+def test_no_module_but_the_layer_uses_a_private_name_of_tensorflow():
+    found = []
+    for module, path in _package_modules().items():
+        if module == "cifar10_estimator.estimator_compat":
+            continue  # pinned by name above
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        tensorflow_names = {"tf"} | {
+            alias.asname or alias.name for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                ("tensorflow", "keras", "tf_keras")) for alias in node.names}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and node.attr not in PUBLIC_UNDERSCORED):
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in tensorflow_names:
+                    found.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
+    assert found == []
 
 
 # --- a user's own estimator code: a canned estimator ---------------------------------------------

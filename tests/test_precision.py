@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from cifar10_estimator import train
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.training.estimator.model_fn import make_model_fn
+from cifar10_estimator.training.estimator.model_fn import make_train_step
 from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.config.settings import ModelSection
 from cifar10_estimator.platform import cpu, precision, precision_cache, precision_probe
@@ -239,7 +239,7 @@ def test_the_training_probe_times_the_real_step_of_the_network_in_both_precision
     settings = ModelSettings(model=ModelSection(num_layers=8), devices=("/cpu:0", "/cpu:1"))
     config = tf.compat.v1.ConfigProto()
     config.device_count["CPU"] = 2
-    measured = precision_probe.measure_training(make_model_fn, settings, 8, config,
+    measured = precision_probe.measure_training(make_train_step, settings, 8, config,
                                                 budget_secs=0.2)
     assert set(measured.images_per_sec) == {"fp32", "bf16"}
     assert all(rate > 0 for rate in measured.images_per_sec.values())

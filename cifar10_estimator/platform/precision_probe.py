@@ -78,13 +78,14 @@ def _random_batch(batch_size: int, num_classes: int):
     return images.astype(np.float32), rng.integers(0, num_classes, batch_size).astype(np.int32)
 
 
-def measure_training(make_model_fn: Callable[[ModelSettings], Callable], settings: ModelSettings,
+def measure_training(make_train_step: Callable[[ModelSettings], Callable],
+                     settings: ModelSettings,
                      batch_size: int, session_config: tf.compat.v1.ConfigProto,
                      budget_secs: float = 1.5, max_rounds: int = 8) -> Measured:
     """Times the training step of ``settings`` in fp32 and bf16.
 
-    The step is the train op of the model_fn ``make_model_fn(settings)`` returns (the
-    trainer's, ``training.estimator.model_fn.make_model_fn``: this room sits below the Estimator-facing
+    The step is the train op that ``make_train_step(settings)`` builds (the trainer's,
+    ``training.estimator.model_fn.make_train_step``: this room sits below the Estimator-facing
     one, which hands it in) on one fixed random batch of ``batch_size`` (a worker's
     batch, split over the settings' towers), in a graph and session of its own with
     ``session_config`` (the trainer's: threads, logical CPU devices, XLA). Workers' gradient
@@ -101,11 +102,9 @@ def measure_training(make_model_fn: Callable[[ModelSettings], Callable], setting
             graph = tf.Graph()
             with graph.as_default():
                 tf.compat.v1.set_random_seed(0)
-                spec = make_model_fn(dataclasses.replace(
+                spec = make_train_step(dataclasses.replace(
                     settings, sync_replicas=False, compute_dtype=dtype, num_workers=1,
-                    is_chief=True))(
-                    {"image": tf.constant(images)}, tf.constant(labels),
-                    tf.estimator.ModeKeys.TRAIN)
+                    is_chief=True))({"image": tf.constant(images)}, tf.constant(labels))
                 init = tf.compat.v1.global_variables_initializer()
             session = tf.compat.v1.Session(graph=graph, config=session_config)
             sessions.append(session)
@@ -171,11 +170,11 @@ def check_requested(requested: str, num_gpus: int, machine: Machine) -> None:
 def choose_training(model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
                     session: tf.compat.v1.ConfigProto, data_dir: str,
                     class_names: Sequence[str], machine: Machine, recorded: Optional[str],
-                    make_model_fn: Callable[[ModelSettings], Callable]) -> str:
+                    make_train_step: Callable[[ModelSettings], Callable]) -> str:
     """What the job computes in: ``--precision`` (``devices.precision``) itself, or for
     ``auto`` the job's ``recorded`` choice, else what fits this machine (measured on one
-    worker's training step of ``model`` at ``schedule``'s batch, the train op of
-    ``make_model_fn``'s model_fn, on the devices and in the
+    worker's training step of ``model`` at ``schedule``'s batch, the train op
+    ``make_train_step`` builds, on the devices and in the
     layout the plan will have, in sessions configured by ``session``, where the CPU has native
     bf16); logs the CPU and the choice with its reason. It runs before the task's plan is made:
     the plan holds the precision this returns."""
@@ -196,7 +195,7 @@ def choose_training(model: ModelSection, schedule: ScheduleSection, devices: Dev
         devices.precision, machine.cpu, onednn=machine.onednn,
         gpu_capabilities=precision.gpu_capabilities(devices.num_gpus),
         measure=lambda: precision_cache.measured(
-            machine.cache, describe_cpu, work, lambda: measure_training(make_model_fn, step, batch,
+            machine.cache, describe_cpu, work, lambda: measure_training(make_train_step, step, batch,
                                                          session)),
         cached=precision_cache.cached(machine.cache, describe_cpu, work),
         recorded=recorded if devices.precision == "auto" else None)

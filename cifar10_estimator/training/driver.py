@@ -13,8 +13,8 @@ In a cluster the role decides: a ``ps`` serves variables until the training task
 ``--sync``, or all-reduce (a training task started after the job's last step, as an
 orchestrator restarts one killed then, joins no group and waits for no parameter server:
 ``training.start.trained_to_end``); an ``evaluator`` evaluates new checkpoints in the shared
-job dir and exits right after the one at the last step (``task.evaluator``; Estimator's own
-evaluator loop would sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in
+job dir and exits right after the one at the last step (``training.estimator.evaluate_loop``;
+Estimator's own evaluator loop would sleep out ``--eval-throttle-secs`` first). The evaluator may be listed in
 the cluster, as Kubeflow's operator lists it, or left out: Estimator ignores it there. Only the
 chief saves checkpoints and exports; with ``--export-best`` the task that evaluates (locally,
 the only one; in a cluster, the evaluator) also exports each evaluation that beats the best so
@@ -39,11 +39,11 @@ from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
                                                LoggingSection, ModelSection, OutputSection,
                                                ScheduleSection)
-from cifar10_estimator.task import allreduce, evaluator, peers
+from cifar10_estimator.task import allreduce, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
-from cifar10_estimator.training.estimator import fence
-from cifar10_estimator.training import end, specs, start
+from cifar10_estimator.training import end, start
+from cifar10_estimator.training.estimator import evaluate_loop, fence, specs
 from cifar10_estimator.training.end import TrainResult
 from cifar10_estimator.training.preemption import Preemption, stopped_line
 
@@ -205,7 +205,7 @@ def _evaluate_only(task: start.StartedTask, estimator, eval_spec, after, guard,
         after(metrics, path)
 
     with guard():
-        metrics = evaluator.evaluate_checkpoints(
+        metrics = evaluate_loop.evaluate_checkpoints(
             estimator, eval_spec.input_fn, plan.train_steps,
             output.eval_throttle_secs, on_evaluation=logged, hooks=eval_spec.hooks)
     return TrainResult(metrics, None, end.write_report(plan, output.job_dir, metrics),
@@ -219,7 +219,7 @@ def _train(task: start.StartedTask, preemption: Preemption, estimator, train_spe
     role = plan.role
     try:
         with guard():
-            result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+            metrics = specs.train_and_evaluate(estimator, train_spec, eval_spec)
     except tf.errors.OpError as e:
         if plan.all_reduce_trainer and allreduce.is_lost_peer(e):
             allreduce.exit_for_restart(f"{role.task_type} {role.task_id}",
@@ -241,4 +241,4 @@ def _train(task: start.StartedTask, preemption: Preemption, estimator, train_spe
         # Lets the parameter servers exit; the export below does not need them.
         peers.report(role.cluster_spec, f"{role.task_type}:{role.task_id}", peers.FINISHED,
                      _REPORT_TIMEOUT_SECS)
-    return result[0] if result else None
+    return metrics

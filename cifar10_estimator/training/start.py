@@ -45,7 +45,7 @@ from cifar10_estimator.errors import UserError
 from cifar10_estimator.jobdir import guards, settings_record
 from cifar10_estimator.jobdir.lock import JobLock
 from cifar10_estimator.model import checkpoints, networks, schedules, towers
-from cifar10_estimator.training.estimator.model_fn import make_model_fn
+from cifar10_estimator.training.estimator.model_fn import make_train_step
 from cifar10_estimator.model.model_settings import ModelSettings
 from cifar10_estimator.platform import precision_probe
 from cifar10_estimator.platform.precision_probe import Machine
@@ -151,7 +151,7 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
     precision = precision_probe.choose_training(
         model, schedule, devices, session_config(devices, logging_.log_device_placement),
         data.data_dir, info.class_names, machine,
-        plans.kept_precision(role, output, recorded), make_model_fn)
+        plans.kept_precision(role, output, recorded), make_train_step)
     plan = plans.resolve(role, model, schedule, devices, cluster, dataset=info.dataset,
                          class_names=info.class_names, train_records=train_data.num_examples(),
                          precision=precision, output=output)

@@ -62,6 +62,14 @@ def make_model_fn(s: ModelSettings):
     return model_fn
 
 
+def make_train_step(s: ModelSettings):
+    """Returns ``(features, labels) -> EstimatorSpec``: the model_fn of these settings in
+    training mode, whose ``train_op`` is one step (what the precision probe times, from a
+    room that knows nothing of Estimator)."""
+    model_fn = make_model_fn(s)
+    return lambda features, labels: model_fn(features, labels, tf.estimator.ModeKeys.TRAIN)
+
+
 def _averaged_weights_scaffold(s: ModelSettings) -> Optional[tf.compat.v1.train.Scaffold]:
     """Evaluation and prediction read the averaged weights into the model's variables (as the
     original CIFAR-10 tutorial's cifar10_eval.py did); None without an average."""

@@ -1,8 +1,8 @@
-"""What ``tf.estimator.train_and_evaluate`` is given for a started task: the ``RunConfig``, the
-``TrainSpec`` and ``EvalSpec``, assembled from the Estimator-facing room's parts (``training.estimator``:
-the model_fn, the input functions, the hooks of progress, preemption, the job dir's lock,
-precise batch norm and a cluster's watchdogs, the exporter after each evaluation), read from the
-task's plan and the sections of the settings each of them needs."""
+"""What ``tf.estimator.train_and_evaluate`` is given for a started task, and the call: the
+``RunConfig``, the Estimator, the ``TrainSpec`` and ``EvalSpec``, assembled from this room's
+parts (the model_fn, the input functions, the hooks of progress, preemption, the job dir's
+lock, precise batch norm and a cluster's watchdogs, the exporter after each evaluation), read
+from the task's plan and the sections of the settings each of them needs."""
 
 import functools
 import logging
@@ -154,3 +154,11 @@ def estimator(settings: ModelSettings, config: tf.estimator.RunConfig
               ) -> tf.estimator.Estimator:
     """The task's Estimator: the model_fn of ``settings`` (its plan's), with its RunConfig."""
     return tf.estimator.Estimator(make_model_fn(settings), config=config)
+
+
+def train_and_evaluate(estimator: tf.estimator.Estimator, train_spec: tf.estimator.TrainSpec,
+                       eval_spec: tf.estimator.EvalSpec) -> Optional[dict]:
+    """Estimator's ``train_and_evaluate``: the metrics of a local run's final evaluation (the
+    first of its result), None on a cluster's tasks."""
+    result = tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    return result[0] if result else None
