@@ -142,10 +142,8 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
                  "handlers (%s)", "not on the main thread" if handle_signals
                  else "handle_signals=False")
     result = driver.train_and_evaluate(
-        role, machine, preemption, data=settings.data, model=settings.model,
-        schedule=settings.schedule, devices=settings.devices, cluster=settings.cluster,
-        output=settings.output, logging_=settings.logging,
-        on_evaluation=on_evaluation)
+        role, machine, preemption, problem=settings.problem, trainer=settings.trainer,
+        runtime=settings.runtime, on_evaluation=on_evaluation)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

@@ -348,3 +348,15 @@ def test_estimator_itself_is_named_only_in_its_room_and_the_compatibility_layer(
                     "tensorflow_estimator"):
                 found.append(f"{module} line {node.lineno}")
     assert found == []
+
+
+@pytest.mark.parametrize("module, function", [("training.driver", "train_and_evaluate"),
+                                              ("training.start", "start")])
+def test_the_root_functions_of_a_run_take_the_three_groups_of_settings(module, function):
+    # Model Garden's tree: the problem (data, model), the trainer (schedule, output, logging),
+    # the runtime (devices, cluster); each callee gets the sections it reads.
+    tree = ast.parse(open(MODULES[f"{PACKAGE}.{module}"]).read())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    settings = [a.arg for a in node.args.args + node.args.kwonlyargs if a.annotation is not None
+                and ast.unparse(a.annotation).endswith(("Section", "Settings"))]
+    assert settings == ["problem", "trainer", "runtime"]

@@ -416,9 +416,10 @@ class LoggingSection:
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Every setting of one job (one task of a cluster), in the sections the help lists them
-    in (``fields.GROUPS``, in order): each function past ``config`` takes the sections it
-    reads. A setting's name is unique over the sections, so the flags, the overlays and the
-    settings record name it alone (``of``, ``flat``)."""
+    in (``fields.GROUPS``, in order), and those in three groups (``problem``, ``trainer``,
+    ``runtime``): the root functions of a task's run take the groups, and each function they
+    call the sections it reads. A setting's name is unique over the sections, so the flags,
+    the overlays and the settings record name it alone (``of``, ``flat``)."""
 
     data: DataSection = DataSection()
     model: ModelSection = ModelSection()
@@ -450,6 +451,56 @@ class Settings:
     def replace(self, **values: Any) -> "Settings":
         """These settings with ``values`` (setting name -> value) changed."""
         return Settings.of(**{**self.flat(), **values})
+
+    # The sections in their three groups, which the root functions of a task's run take
+    # (``training.driver``, ``training.start``), as Model Garden's config tree groups them.
+    @property
+    def problem(self) -> "ProblemSettings":
+        return ProblemSettings(self.data, self.model)
+
+    @property
+    def trainer(self) -> "TrainerSettings":
+        return TrainerSettings(self.schedule, self.output, self.logging)
+
+    @property
+    def runtime(self) -> "RuntimeSettings":
+        return RuntimeSettings(self.devices, self.cluster)
+
+    @classmethod
+    def of_groups(cls, problem: "ProblemSettings", trainer: "TrainerSettings",
+                  runtime: "RuntimeSettings") -> "Settings":
+        """The settings whose groups these are: what the settings record and the flags name
+        setting by setting."""
+        return cls(data=problem.data, model=problem.model, schedule=trainer.schedule,
+                   devices=runtime.devices, cluster=runtime.cluster, output=trainer.output,
+                   logging=trainer.logging)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSettings:
+    """What is learned, from what: the data and the model sections. (Model Garden's config
+    tree calls this group the task; here a task is one process of a cluster.)"""
+
+    data: DataSection = DataSection()
+    model: ModelSection = ModelSection()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """How it is trained and what the run leaves: the schedule, output and logging sections
+    (Model Garden's trainer)."""
+
+    schedule: ScheduleSection = ScheduleSection()
+    output: OutputSection = OutputSection()
+    logging: LoggingSection = LoggingSection()
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """Where it runs: the devices and cluster sections (Model Garden's runtime)."""
+
+    devices: DevicesSection = DevicesSection()
+    cluster: ClusterSection = ClusterSection()
 
 
 def values_of(*sections: Any) -> dict[str, Any]:

@@ -36,9 +36,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
-                                               LoggingSection, ModelSection, OutputSection,
-                                               ScheduleSection)
+from cifar10_estimator.config.settings import (DataSection, OutputSection, ProblemSettings,
+                                               RuntimeSettings, TrainerSettings)
 from cifar10_estimator.task import allreduce, peers
 from cifar10_estimator.errors import Stopped, UserError
 from cifar10_estimator.jobdir import guards
@@ -57,20 +56,21 @@ _SAVED_REPORT_SECS = 5
 
 
 def train_and_evaluate(role: Role, machine: start.Machine,
-                       preemption: Optional[Preemption] = None, *, data: DataSection,
-                       model: ModelSection, schedule: ScheduleSection, devices: DevicesSection,
-                       cluster: ClusterSection, output: OutputSection,
-                       logging_: LoggingSection,
+                       preemption: Optional[Preemption] = None, *, problem: ProblemSettings,
+                       trainer: TrainerSettings, runtime: RuntimeSettings,
                        on_evaluation: Optional[Callable[[dict, str, float, float], None]] = None
                        ) -> TrainResult:
     """Trains, evaluates and (on the chief) exports, as ``role`` (``task.tf_config.parse`` of
-    TF_CONFIG's value) says, with these sections of the settings (the command checked them
+    TF_CONFIG's value) says, with the settings in their three groups (the command checked them
     against the machine). ``machine`` is the CPU as oneDNN sees it, oneDNN's state and the
     precision probes' cache; ``preemption``, if installed, turns SIGTERM and SIGINT into a save
     and ``errors.Stopped``; ``on_evaluation`` is handed each evaluation's metrics, its
     checkpoint, its epoch and this task's training images per second, as the evaluation ends
     (a tuning service's intermediate reports). The root of a task's run: it hands each part
     the sections that part reads."""
+    data, model = problem.data, problem.model
+    output = trainer.output
+    devices, cluster = runtime.devices, runtime.cluster
     preemption = preemption or Preemption()
     preemption.before_exit(lambda stop: log.info(
         stopped_line(stop, role, output.job_dir, preemption.last_step)))
@@ -84,7 +84,7 @@ def train_and_evaluate(role: Role, machine: start.Machine,
             # A training task restarted after the job's last step joins no group and waits for
             # no parameter server: a worker is done at once, the chief concludes (evaluation,
             # export, report) without training.
-            ended = start.trained_to_end(role, data, model, schedule, cluster, output)
+            ended = start.trained_to_end(role, data, model, trainer.schedule, cluster, output)
             if ended is not None:
                 log.info("%s: the job already trained to its last step, %d, in %s: nothing to "
                          "train; this task %s without joining the cluster", role.name, ended,
@@ -95,15 +95,14 @@ def train_and_evaluate(role: Role, machine: start.Machine,
                         else start.make_strategy(devices, cluster, role))
             with contextlib.ExitStack() as stack:  # the chief's lock of the job dir, to the end
                 task = start.start(role, machine, stack, preemption.before_exit, strategy,
-                                   data=data, model=model, schedule=schedule, devices=devices,
-                                   cluster=cluster, output=output, logging_=logging_,
+                                   problem=problem, trainer=trainer, runtime=runtime,
                                    trained=ended is not None)
                 # What exports compute with, decided (and probed) once, by a task that exports.
                 serving = functools.cache(lambda: end.serving_settings(
                     task.model, devices.serving_precision, task.plan.precision, machine))
                 try:
                     return _run(task, serving, preemption, on_evaluation, data=data,
-                                devices=devices, cluster=cluster, output=output, logging_=logging_)
+                                trainer=trainer, runtime=runtime)
                 except Exception as e:
                     lost = fence.lock_loss(e)
                     if lost is None or lost is e:
@@ -138,8 +137,8 @@ def _after_evaluation(task: start.StartedTask, best, on_evaluation) -> Callable[
 
 
 def _run(task: start.StartedTask, serving: Callable, preemption: Preemption, on_evaluation, *,
-         data: DataSection, devices: DevicesSection, cluster: ClusterSection,
-         output: OutputSection, logging_: LoggingSection) -> TrainResult:
+         data: DataSection, trainer: TrainerSettings, runtime: RuntimeSettings) -> TrainResult:
+    output, cluster = trainer.output, runtime.cluster
     plan = task.plan
     role = plan.role
     if role.is_chief:
@@ -148,12 +147,11 @@ def _run(task: start.StartedTask, serving: Callable, preemption: Preemption, on_
             return finished
     if role.is_chief or plan.exports_best:
         serving()
-    estimator = specs.estimator(task.model, specs.run_config(task, data.seed, devices, cluster,
-                                                             output, logging_))
+    estimator = specs.estimator(task.model, specs.run_config(task, data.seed, runtime, trainer))
     best = end.best_export(plan, output, serving()) if plan.exports_best else None
     after = _after_evaluation(task, best, on_evaluation)
     train_spec, eval_spec = specs.specs(
-        task, preemption, after, data=data, cluster=cluster, output=output, logging_=logging_)
+        task, preemption, after, data=data, cluster=cluster, trainer=trainer)
     guard = functools.partial(guards.training_errors, data.data_dir, output.job_dir,
                               role.is_chief)
     if role.task_type == "evaluator":

@@ -36,8 +36,9 @@ from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.plan import Plan, Schedule
 from cifar10_estimator.config.role import Role
 from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
-                                               LoggingSection, ModelSection, OutputSection,
-                                               ScheduleSection, values_of)
+                                               ModelSection, OutputSection, ProblemSettings,
+                                               RuntimeSettings, ScheduleSection, Settings,
+                                               TrainerSettings)
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.task import allreduce, peers, tf_config
@@ -125,13 +126,15 @@ def serve_variables(cluster: ClusterSection, role: Role,
 
 def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
           before_exit: Callable[[Callable], None], strategy: Optional[tf.distribute.Strategy],
-          *, data: DataSection, model: ModelSection, schedule: ScheduleSection,
-          devices: DevicesSection, cluster: ClusterSection, output: OutputSection,
-          logging_: LoggingSection, trained: bool = False) -> StartedTask:
-    """Starts this task (see the module's docstring) with the sections of its settings and
-    returns it; ``trained``: the job already trained to its last step (``trained_to_end``),
-    so the task waits for no other. The chief's lock is released when ``stack`` closes, or by
-    ``before_exit`` (a preemption's exit)."""
+          *, problem: ProblemSettings, trainer: TrainerSettings, runtime: RuntimeSettings,
+          trained: bool = False) -> StartedTask:
+    """Starts this task (see the module's docstring) with its settings in their three groups
+    and returns it; ``trained``: the job already trained to its last step
+    (``trained_to_end``), so the task waits for no other. The chief's lock is released when
+    ``stack`` closes, or by ``before_exit`` (a preemption's exit)."""
+    data, model = problem.data, problem.model
+    schedule, output = trainer.schedule, trainer.output
+    devices, cluster = runtime.devices, runtime.cluster
     train_data = Cifar10DataSet(data.data_dir, "train", data.use_distortion_for_training,
                                 networks.AUGMENTATIONS[model.model], data.alternating_flips)
     eval_data = Cifar10DataSet(data.data_dir, "eval", use_distortion=False)
@@ -149,15 +152,14 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
         guards.remove_unfinished_saves(output.job_dir)  # a killed save's, now nobody saves
     recorded = settings_record.read(output.job_dir) or {}
     precision = precision_probe.choose_training(
-        model, schedule, devices, session_config(devices, logging_.log_device_placement),
+        model, schedule, devices, session_config(devices, trainer.logging.log_device_placement),
         data.data_dir, info.class_names, machine,
         plans.kept_precision(role, output, recorded), make_train_step)
     plan = plans.resolve(role, model, schedule, devices, cluster, dataset=info.dataset,
                          class_names=info.class_names, train_records=train_data.num_examples(),
                          precision=precision, output=output)
     log.info(_plan_line(plan, model, schedule.recipe))
-    current = settings_record.of_plan(plan, values_of(data, model, schedule, devices, cluster,
-                                                      output, logging_))
+    current = settings_record.of_plan(plan, Settings.of_groups(problem, trainer, runtime).flat())
     if not role.is_chief:
         settings_record.check(output.job_dir, current, is_chief=False)
     else:

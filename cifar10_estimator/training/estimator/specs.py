@@ -11,8 +11,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from cifar10_estimator.config.plan import Plan
-from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
-                                               LoggingSection, OutputSection)
+from cifar10_estimator.config.settings import (ClusterSection, DataSection, LoggingSection,
+                                               RuntimeSettings, TrainerSettings)
 from cifar10_estimator.errors import UserError
 from cifar10_estimator.training.estimator import (cluster_hooks, fence, input_fn,
                                                   precise_bn, preemption_hooks, progress)
@@ -30,10 +30,10 @@ from cifar10_estimator.training.start import StartedTask
 log = logging.getLogger("cifar10_estimator")
 
 
-def run_config(task: StartedTask, seed: Optional[int], devices: DevicesSection,
-               cluster: ClusterSection, output: OutputSection, logging_: LoggingSection
-               ) -> tf.estimator.RunConfig:
-    """The Estimator's RunConfig for ``task``, with ``seed`` (``--seed``).
+def run_config(task: StartedTask, seed: Optional[int], runtime: RuntimeSettings,
+               trainer: TrainerSettings) -> tf.estimator.RunConfig:
+    """The Estimator's RunConfig for ``task``, with ``seed`` (``--seed``), where it runs
+    (``runtime``) and what the trainer settings say of checkpoints, summaries and logs.
 
     Estimator reads TF_CONFIG itself for the cluster and the role (the command passes the
     value ``tf_config.parse`` read). With a tf.distribute strategy Estimator runs a multi-worker
@@ -43,6 +43,8 @@ def run_config(task: StartedTask, seed: Optional[int], devices: DevicesSection,
     """
     plan = task.plan
     role = plan.role
+    devices, cluster = runtime.devices, runtime.cluster
+    output, logs = trainer.output, trainer.logging
     filters = (peers.device_filters(role.task_type, role.task_id)
                # (An all-reduce step talks to every worker: no filters there.)
                if role.in_cluster and plan.towers else ())
@@ -50,11 +52,11 @@ def run_config(task: StartedTask, seed: Optional[int], devices: DevicesSection,
         return tf.estimator.RunConfig(
             model_dir=output.job_dir,
             tf_random_seed=seed,
-            session_config=session_config(devices, logging_.log_device_placement, filters),
+            session_config=session_config(devices, logs.log_device_placement, filters),
             save_checkpoints_steps=plan.checkpoint_steps,
             save_checkpoints_secs=output.checkpoint_secs,
             keep_checkpoint_max=output.keep_checkpoint_max,
-            save_summary_steps=logging_.save_summary_steps,
+            save_summary_steps=logs.save_summary_steps,
             # The checkpoint hook would otherwise serialise the whole training graph twice
             # more at start-up (graph.pbtxt and a .meta file with every checkpoint), about a
             # second for ResNet-44; TensorBoard still gets the graph from the event file, and
@@ -74,14 +76,13 @@ def run_config(task: StartedTask, seed: Optional[int], devices: DevicesSection,
                         ) from None
 
 
-def _progress_hook(plan: Plan, logging_: LoggingSection, job_dir: str
-                   ) -> progress.ProgressHook:
+def _progress_hook(plan: Plan, logs: LoggingSection, job_dir: str) -> progress.ProgressHook:
     return progress.ProgressHook(
         plan.worker_batch, plan.train_steps,
         plan.global_batch if plan.role.num_trainers > 1 else None,
-        every_secs=logging_.progress_secs,
+        every_secs=logs.progress_secs,
         summary_dir=job_dir if plan.role.is_chief else None,
-        summary_steps=logging_.save_summary_steps)
+        summary_steps=logs.save_summary_steps)
 
 
 def _evaluated(consider: Optional[Callable[[dict, str], object]], eval_result: dict,
@@ -92,12 +93,11 @@ def _evaluated(consider: Optional[Callable[[dict, str], object]], eval_result: d
 
 
 def specs(task: StartedTask, preemption, consider: Optional[Callable[[dict, str], object]], *,
-          data: DataSection, cluster: ClusterSection,
-          output: OutputSection, logging_: LoggingSection):
+          data: DataSection, cluster: ClusterSection, trainer: TrainerSettings):
     """The TrainSpec and EvalSpec of ``tf.estimator.train_and_evaluate``; ``preemption`` (a
     ``training.preemption.Preemption``) gives its hooks, ``consider`` sees each evaluation
     (``--export-best``)."""
-    plan, lock = task.plan, task.lock
+    plan, lock, output = task.plan, task.lock, trainer.output
     role, job_dir, timeout = plan.role, output.job_dir, cluster.cluster_timeout_secs
     all_reduce = plan.all_reduce_trainer
     # The lock's hook first: in an all-reduce task's session it then runs before the checkpoint
@@ -105,7 +105,7 @@ def specs(task: StartedTask, preemption, consider: Optional[Callable[[dict, str]
     lock_hooks = ([fence.LockHook(lock, (plan.checkpoint_steps or fence.ALL_REDUCE_SAVE_STEPS)
                                   if all_reduce else None)] if lock is not None else [])
     listeners = [fence.LockListener(lock)] if lock is not None else []
-    train_hooks = [*lock_hooks, _progress_hook(plan, logging_, job_dir),
+    train_hooks = [*lock_hooks, _progress_hook(plan, trainer.logging, job_dir),
                    preemption_hooks.TrainingHook(preemption, stop=not all_reduce)]
     if all_reduce:
         name = f"{role.task_type} {role.task_id}"
