@@ -73,7 +73,6 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
     # the role as parsed (a cluster of workers only, mapped to a chief and workers).
     tf_config_value = os.environ.get(TF_CONFIG_ENV)
     role = tf_config.parse(tf_config_value)
-    for_estimator = tf_config.estimator_tf_config(tf_config_value, role)
     from_engine = engines.settings(os.environ)
     # Vertex AI's hyperparameter tuning (and a sweep's trial): where each evaluation and the
     # final figures go (the metric file).
@@ -83,8 +82,10 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
                                            from_engine.items()})
     checks.validate(settings, needs_data=role.task_type != "ps")
     checks.check_cluster(settings.cluster.distribution_strategy, role)
+    groups = (settings.problem, settings.trainer, settings.runtime)  # what the driver takes
     with contextlib.ExitStack() as undo:
-        _set_for_this_run(TF_CONFIG_ENV, for_estimator, undo)
+        _set_for_this_run(TF_CONFIG_ENV, tf_config.estimator_tf_config(tf_config_value, role),
+                          undo)
         set_env = prepare_process(  # before TensorFlow loads
             os.environ, cpp_log_level=CPP_LOG_LEVEL_VERBOSE if verbose else CPP_LOG_LEVEL)
         undo.callback(restore_process, os.environ, set_env)
@@ -93,7 +94,7 @@ def run(argv: Union[Sequence[str], Mapping[str, Any], None] = None, *,
             if settings.value(name) == value:
                 log.info("%s %s: from %s (the engine's; a flag given wins)",
                          flag(name), value, variable)
-        return _train(settings, role, handle_signals, undo, tuning, on_evaluation)
+        return _train(settings, groups, role, handle_signals, undo, tuning, on_evaluation)
 
 
 def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStack) -> None:
@@ -109,7 +110,7 @@ def _set_for_this_run(name: str, value: Optional[str], undo: contextlib.ExitStac
                   else os.environ.pop(name, None))
 
 
-def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
+def _train(settings, groups, role, handle_signals: bool, undo: contextlib.ExitStack,
            tuning: tuple[Optional[str], Optional[str]] = (None, None), on_evaluation=None):
     from cifar10_estimator.training import driver, summary  # TF loads
     from cifar10_estimator.platform import precision_cache
@@ -120,6 +121,7 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
 
     started = time.monotonic()
     cpu_info = cpu.read_cpu_info().as_seen_by_onednn(os.environ.get(cpu.ONEDNN_CAP_ENV))
+    parent_death = parent_death_signal()  # a launcher's task: the signal its death sends
     import tensorflow as tf
 
     machine = Machine(cpu_info, cpu.onednn_enabled(), precision_cache.PrecisionCache(
@@ -135,15 +137,16 @@ def _train(settings, role, handle_signals: bool, undo: contextlib.ExitStack,
     preemption = Preemption()
     if handle_signals and on_main_thread():
         # SIGTERM/SIGINT (and a launcher's death): save, say so, exit 128 + signal
-        preemption.install(parent_death_signal())
+        preemption.install(parent_death)
         undo.callback(preemption.restore)  # for callers that go on (the demo, the tests)
     else:
         log.info("SIGTERM and SIGINT are the caller's to handle: this run installs no signal "
                  "handlers (%s)", "not on the main thread" if handle_signals
                  else "handle_signals=False")
-    result = driver.train_and_evaluate(
-        role, machine, preemption, problem=settings.problem, trainer=settings.trainer,
-        runtime=settings.runtime, on_evaluation=on_evaluation)
+    problem, trainer, runtime = groups
+    result = driver.train_and_evaluate(role, machine, preemption, problem=problem,
+                                       trainer=trainer, runtime=runtime,
+                                       on_evaluation=on_evaluation)
     if result.eval_metrics:
         log.info("final %s", report.evaluation_line(result.eval_metrics))
     if result.role != "ps":

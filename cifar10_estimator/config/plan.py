@@ -8,11 +8,12 @@ devices (one per tower or replica), the data layout, how the gradients meet, the
 rate's ``Schedule`` in global steps and the ``Optimizer`` that applies it, the share of the run
 at small pictures (``--low-res-fraction``, or the recipe's for the data's size), the precision
 as the one name it has from here on (``fp32`` or ``bf16``; ``auto`` is a request, never a
-plan); and what the task's Estimator is set up with: the global steps between checkpoints,
-the workers' staggered start, whether precise batch norm runs and whether this task exports
-its best evaluations. Each rule behind these facts is a function here, and ``resolve`` is the
-only caller that turns them into a run's numbers. A ``Plan`` holds the role and these facts, no settings, and
-cannot be changed after it is made.
+plan); and what the task's Estimator is set up with: the checkpoints' interval (global steps
+or seconds), the workers' staggered start, whether precise batch norm runs, where the exports
+go and whether this task exports its best evaluations. Each rule behind these facts is a
+function here, and ``resolve`` is the only caller that turns them into a run's numbers. A
+``Plan`` holds the role and these facts, no settings, and cannot be changed after it is
+made.
 
 No TensorFlow here: the commands resolve as much as they can before it loads.
 """
@@ -49,15 +50,6 @@ def global_batch(worker_batch: int, cluster: ClusterSection, num_trainers: int) 
 def all_reduce_trainer(cluster: ClusterSection, role: Role) -> bool:
     """A training task of a multi-worker all-reduce job."""
     return cluster.distribution_strategy == MULTI_WORKER_MIRRORED and role.trains
-
-
-def strategy_made(cluster: ClusterSection, role: Role) -> Optional[str]:
-    """The tf.distribute strategy a task makes (``--distribution-strategy``), None for towers
-    and for a task that does not train. Decided before the plan: a strategy is made before
-    anything starts TensorFlow's runtime."""
-    if cluster.distribution_strategy == TOWERS or not role.trains:
-        return None
-    return cluster.distribution_strategy
 
 
 def data_format(model: str, devices: DevicesSection) -> str:
@@ -178,6 +170,8 @@ class Plan:
     # What the Estimator of this task is set up with (``checkpoint_steps``,
     # ``worker_delay_secs``, ``precise_bn_batches``, ``exports_best`` below).
     checkpoint_steps: Optional[int]  # global steps between checkpoints; None: a time
+    checkpoint_secs: Optional[int]  # seconds between checkpoints; None: steps
+    export_dir: str  # where the SavedModel versions go (--export-dir, else JOB/export)
     worker_delay_secs: Optional[int]  # the cap on a worker's staggered start; None: Estimator's
     precise_bn_batches: int  # batches precise batch norm averages at the end; 0: off
     exports_best: bool  # this task exports its best evaluations (--export-best)
@@ -323,5 +317,6 @@ def resolve(role: Role, model: ModelSection, schedule: ScheduleSection,
         low_res_from=("--low-res-fraction" if low_res_given else
                       f"the {schedule.recipe} recipe's share for {train_records:,} records"),
         checkpoint_steps=checkpoint_steps(output, steps_per_epoch),
+        checkpoint_secs=output.checkpoint_secs, export_dir=output.resolved_export_dir,
         worker_delay_secs=worker_delay_secs(cluster), precise_bn_batches=precise_bn_batches(model),
         exports_best=exports_best(output, role))

@@ -29,72 +29,57 @@ class Role:
     # TF_CONFIG listed workers only (Ray Train, SageMaker): worker 0 became the chief.
     workers_only: bool = False
 
-    @property
-    def local(self) -> bool:
-        return not self.cluster_spec
+    # The facts that follow from the fields above, computed once when the role is made (a
+    # frozen dataclass's own set-up, as ``config.plan.Plan``'s): a run without a cluster is
+    # ``local``; ``name`` is ``local`` or the task as TF_CONFIG names it (``worker 1``),
+    # ``kind`` ``local`` or the task's type (what a result reports); ``in_cluster``: a
+    # training task of a cluster; ``is_chief``: the task that saves checkpoints and exports
+    # (the chief, or a local run); ``chief_evaluates``: the chief of this cluster evaluates
+    # at the end, a cluster of workers only that lists no evaluator (the engines that write
+    # that shape run no evaluator task; elsewhere an evaluator task evaluates, listed in the
+    # cluster or not); ``evaluates_at_end``: this task evaluates the final checkpoint after
+    # training (a local run, or that chief); ``num_trainers``: the training tasks (chief and
+    # workers), 1 for a local run; ``trainer_index``: this training task's place among them
+    # (its shard of the training records: the chief 0, worker i i + 1; 0 for a local run);
+    # ``ps_tasks``: ``ps:i`` -> address; ``peers``: the other training tasks, ``job:index`` ->
+    # address.
+    local: bool = dataclasses.field(init=False)
+    name: str = dataclasses.field(init=False)
+    kind: str = dataclasses.field(init=False)
+    trains: bool = dataclasses.field(init=False)
+    in_cluster: bool = dataclasses.field(init=False)
+    is_chief: bool = dataclasses.field(init=False)
+    chief_evaluates: bool = dataclasses.field(init=False)
+    evaluates_at_end: bool = dataclasses.field(init=False)
+    num_trainers: int = dataclasses.field(init=False)
+    num_ps: int = dataclasses.field(init=False)
+    trainer_index: int = dataclasses.field(init=False)
+    ps_tasks: Mapping[str, str] = dataclasses.field(init=False)
+    peers: Mapping[str, str] = dataclasses.field(init=False)
 
-    @property
-    def name(self) -> str:
-        """``local``, or the task as TF_CONFIG names it (``worker 1``)."""
-        return "local" if self.local else f"{self.task_type} {self.task_id}"
-
-    @property
-    def kind(self) -> str:
-        """``local`` or the task's type: what a result reports."""
-        return "local" if self.local else self.task_type
-
-    @property
-    def trains(self) -> bool:
-        return self.task_type in TRAINER_JOBS
-
-    @property
-    def in_cluster(self) -> bool:
-        """A training task of a cluster."""
-        return self.trains and not self.local
-
-    @property
-    def is_chief(self) -> bool:
-        """The task that saves checkpoints and exports: the chief, or a local run."""
-        return self.local or self.task_type in ("chief", "master")
-
-    @property
-    def evaluates_at_end(self) -> bool:
-        """The task that evaluates the final checkpoint after training: a local run, or the
-        chief of a cluster of workers only that lists no evaluator (the engines that write
-        that shape run no evaluator task; elsewhere an evaluator task evaluates, listed in the
-        cluster or not)."""
-        return self.local or (self.chief_evaluates and self.task_type == "chief")
-
-    @property
-    def chief_evaluates(self) -> bool:
-        """Whether the chief of this task's cluster evaluates at the end (above)."""
-        return self.workers_only and "evaluator" not in self.cluster_spec
-
-    @property
-    def num_trainers(self) -> int:
-        """Training tasks of the job (chief and workers); 1 for a local run."""
-        return max(1, sum(len(self.cluster_spec.get(job, ())) for job in TRAINER_JOBS))
-
-    @property
-    def num_ps(self) -> int:
-        return len(self.cluster_spec.get("ps", ()))
-
-    @property
-    def trainer_index(self) -> int:
-        """This training task's place among the trainers (its shard of the training records):
-        the chief 0, worker i i + 1; 0 for a local run."""
-        if self.local or self.task_type in ("chief", "master"):
-            return 0
-        return self.task_id + (1 if any(j in self.cluster_spec for j in ("chief", "master")) else 0)
-
-    @property
-    def ps_tasks(self) -> dict[str, str]:
-        """``ps:i`` -> address."""
-        return {f"ps:{i}": address for i, address in enumerate(self.cluster_spec.get("ps", ()))}
-
-    @property
-    def peers(self) -> dict[str, str]:
-        """The other training tasks: ``job:index`` -> address."""
-        return {f"{job}:{i}": address for job in TRAINER_JOBS
-                for i, address in enumerate(self.cluster_spec.get(job, ()))
-                if (job, i) != (self.task_type, self.task_id)}
+    def __post_init__(self):
+        spec, kind, index = self.cluster_spec, self.task_type, self.task_id
+        local = not spec
+        trains = kind in TRAINER_JOBS
+        chief_type = kind in ("chief", "master")
+        chief_evaluates = self.workers_only and "evaluator" not in spec
+        has_chief = any(job in spec for job in ("chief", "master"))
+        derived = {
+            "local": local,
+            "name": "local" if local else f"{kind} {index}",
+            "kind": "local" if local else kind,
+            "trains": trains,
+            "in_cluster": trains and not local,
+            "is_chief": local or chief_type,
+            "chief_evaluates": chief_evaluates,
+            "evaluates_at_end": local or (chief_evaluates and kind == "chief"),
+            "num_trainers": max(1, sum(len(spec.get(job, ())) for job in TRAINER_JOBS)),
+            "num_ps": len(spec.get("ps", ())),
+            "trainer_index": 0 if local or chief_type else index + (1 if has_chief else 0),
+            "ps_tasks": {f"ps:{i}": address for i, address in enumerate(spec.get("ps", ()))},
+            "peers": {f"{job}:{i}": address for job in TRAINER_JOBS
+                      for i, address in enumerate(spec.get(job, ()))
+                      if (job, i) != (kind, index)},
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)

@@ -75,7 +75,9 @@ def train_and_evaluate(role: Role, machine: start.Machine,
     preemption.before_exit(lambda stop: log.info(
         stopped_line(stop, role, output.job_dir, preemption.last_step)))
     try:
-        with peers.own_server(role.cluster_spec, role.task_type, role.task_id):
+        # A task of a cluster starts a server of its own; a local run, none.
+        with (contextlib.nullcontext() if role.local else
+              peers.own_server(role.cluster_spec, role.task_type, role.task_id)):
             if role.task_type == "ps":
                 preemption.serving = True  # a signal: serve on for the chief's save
                 start.serve_variables(cluster, role, lambda: preemption.signum is not None)
@@ -148,7 +150,7 @@ def _run(task: start.StartedTask, serving: Callable, preemption: Preemption, on_
     if role.is_chief or plan.exports_best:
         serving()
     estimator = specs.estimator(task.model, specs.run_config(task, data.seed, runtime, trainer))
-    best = end.best_export(plan, output, serving()) if plan.exports_best else None
+    best = end.best_export(plan, serving()) if plan.exports_best else None
     after = _after_evaluation(task, best, on_evaluation)
     train_spec, eval_spec = specs.specs(
         task, preemption, after, data=data, cluster=cluster, trainer=trainer)

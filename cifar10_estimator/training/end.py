@@ -56,8 +56,7 @@ def serving_settings(trained: ModelSettings, requested: str, trained_in: str,
     return precision_probe.choose_serving(trained, requested, trained_in, machine)
 
 
-def best_export(plan: Plan, output: OutputSection, serving: ModelSettings
-                ) -> Optional[BestExport]:
+def best_export(plan: Plan, serving: ModelSettings) -> Optional[BestExport]:
     """``--export-best``'s exporter for the task that evaluates (``plan.exports_best``), else
     None."""
     if not plan.exports_best:
@@ -67,7 +66,7 @@ def best_export(plan: Plan, output: OutputSection, serving: ModelSettings
         log.info("--export-best: the best export is made by the evaluator task, and this "
                  "cluster lists none (start one with the same flags and "
                  "TF_CONFIG task type 'evaluator')")
-    return BestExport(serving, output.resolved_export_dir)
+    return BestExport(serving, plan.export_dir)
 
 
 def conclude(plan: Plan, output: OutputSection, metrics: Optional[dict],
@@ -86,27 +85,27 @@ def conclude(plan: Plan, output: OutputSection, metrics: Optional[dict],
         metrics = evaluate()
         log.info(evaluation_line(metrics))
         check()
-    export = export_of(output, step) or export_final(output, serving(), metrics)
+    export = export_of(plan, step) or export_final(plan, output, serving(), metrics)
     check()  # before the report
     return metrics, export, write_report(plan, output.job_dir, metrics), step
 
 
-def export_final(output: OutputSection, serving: ModelSettings, metrics: Optional[dict]
-                 ) -> str:
+def export_final(plan: Plan, output: OutputSection, serving: ModelSettings,
+                 metrics: Optional[dict]) -> str:
     """Exports the job's latest checkpoint with ``serving``'s settings; ``metrics`` go with it
     when they are that checkpoint's."""
     checkpoint = tf.train.latest_checkpoint(output.job_dir)
     evaluated = metrics if metrics and metrics.get("global_step") == (
         checkpoints.checkpoint_step(checkpoint)) else None
-    path = export_saved_model(serving, checkpoint, output.resolved_export_dir, evaluated)
+    path = export_saved_model(serving, checkpoint, plan.export_dir, evaluated)
     log.info("exported SavedModel to %s", path)
     return path
 
 
-def export_of(output: OutputSection, step: int) -> Optional[str]:
+def export_of(plan: Plan, step: int) -> Optional[str]:
     """The newest export, if it was made of the checkpoint of ``step``."""
     try:
-        export = client.newest_export(output.resolved_export_dir)
+        export = client.newest_export(plan.export_dir)
     except UserError:
         return None
     return export if offline.export_info(export).get("global_step") == step else None
@@ -127,11 +126,11 @@ def wait_for_end(plan: Plan, output: OutputSection, step: int, timeout_secs: flo
     (``Role.chief_evaluates``), reported it: what a worker of an all-reduce job waits for
     before it leaves. One line naming ``--cluster-timeout-secs`` after ``timeout_secs``."""
     deadline = time.monotonic() + timeout_secs
-    while export_of(output, step) is None or (plan.role.chief_evaluates
+    while export_of(plan, step) is None or (plan.role.chief_evaluates
                                               and _report_of(output.job_dir, step) is None):
         if time.monotonic() > deadline:
             raise UserError(f"the chief's export of step {step} did not appear in "
-                            f"{output.resolved_export_dir} within {timeout_secs:g} s "
+                            f"{plan.export_dir} within {timeout_secs:g} s "
                             f"(--cluster-timeout-secs)")
         time.sleep(poll_secs)
 
@@ -147,7 +146,7 @@ def finished(plan: Plan, output: OutputSection, serving: Callable[[], ModelSetti
     step = checkpoints.latest_step(job_dir)
     if step < plan.train_steps:
         return None
-    export = export_of(output, step)
+    export = export_of(plan, step)
     final = _report_of(job_dir, step)
     if final is None and not (export and not plan.role.evaluates_at_end):
         return None  # the task evaluates and reports below; the export is not made twice
@@ -155,7 +154,7 @@ def finished(plan: Plan, output: OutputSection, serving: Callable[[], ModelSetti
     path = os.path.join(job_dir, report.REPORT_FILE) if final else None
     shown = f", final accuracy {100 * metrics['accuracy']:.2f}%" if metrics else ""
     if export is None:
-        export = export_final(output, serving(), metrics)
+        export = export_final(plan, output, serving(), metrics)
         log.info("already trained to step %d in %s%s: nothing to train; exported its final "
                  "checkpoint, which had no export, to %s", step, job_dir, shown, export)
     else:

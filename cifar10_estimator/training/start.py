@@ -35,10 +35,10 @@ import tensorflow as tf
 from cifar10_estimator.config import plan as plans
 from cifar10_estimator.config.plan import Plan, Schedule
 from cifar10_estimator.config.role import Role
-from cifar10_estimator.config.settings import (ClusterSection, DataSection, DevicesSection,
-                                               ModelSection, OutputSection, ProblemSettings,
-                                               RuntimeSettings, ScheduleSection, Settings,
-                                               TrainerSettings)
+from cifar10_estimator.config.settings import (TOWERS, ClusterSection, DataSection,
+                                               DevicesSection, ModelSection, OutputSection,
+                                               ProblemSettings, RuntimeSettings, ScheduleSection,
+                                               Settings, TrainerSettings)
 from cifar10_estimator.data import metadata
 from cifar10_estimator.data.pipeline import Cifar10DataSet
 from cifar10_estimator.task import allreduce, peers, tf_config
@@ -78,8 +78,10 @@ def make_strategy(devices: DevicesSection, cluster: ClusterSection, role: Role
     """The tf.distribute strategy of ``--distribution-strategy`` for a training task (None for
     towers, and for tasks that do not train). Made first, before anything starts TensorFlow's
     runtime: a strategy's devices and collective operations can be set up only then."""
-    strategy = plans.strategy_made(cluster, role)
-    if strategy is None:
+    if not role.trains:
+        return None
+    strategy = cluster.distribution_strategy
+    if strategy == TOWERS:
         return None
     if devices.logical_cpus and not towers.ensure_logical_cpus(devices.logical_cpus):
         raise UserError(f"--num-cpu-towers {devices.logical_cpus}: TensorFlow started in this "
@@ -142,7 +144,7 @@ def start(role: Role, machine: Machine, stack: contextlib.ExitStack,
         metadata.verify_split(data.data_dir, split)
     info = metadata.dataset_info(data.data_dir)
     log.info(tf_config.role_line(role, cluster, output))
-    if not trained:
+    if not (trained or role.local):  # a local run waits for nobody
         _wait_for_peers(cluster, output.job_dir, role)
     lock = None
     if role.is_chief:

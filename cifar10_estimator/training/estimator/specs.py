@@ -54,7 +54,7 @@ def run_config(task: StartedTask, seed: Optional[int], runtime: RuntimeSettings,
             tf_random_seed=seed,
             session_config=session_config(devices, logs.log_device_placement, filters),
             save_checkpoints_steps=plan.checkpoint_steps,
-            save_checkpoints_secs=output.checkpoint_secs,
+            save_checkpoints_secs=plan.checkpoint_secs,
             keep_checkpoint_max=output.keep_checkpoint_max,
             save_summary_steps=logs.save_summary_steps,
             # The checkpoint hook would otherwise serialise the whole training graph twice
@@ -119,7 +119,7 @@ def specs(task: StartedTask, preemption, consider: Optional[Callable[[dict, str]
     asynchronous = role.in_cluster and role.num_ps and not plan.sync_replicas
     if role.is_chief and (plan.precise_bn_batches or asynchronous):
         train_hooks.append(precise_bn.CheckpointHook(
-            job_dir, output.checkpoint_secs, plan.checkpoint_steps,
+            job_dir, plan.checkpoint_secs, plan.checkpoint_steps,
             plan.train_steps, precise_bn.PreciseBatchNorm(
                 plan.precise_bn_batches, plan.train_steps,
                 skip=lambda: preemption.signum is not None) if plan.precise_bn_batches else None,
