@@ -126,6 +126,23 @@ def test_a_signal_that_ends_the_process_at_once_closes_its_event_files_first(tmp
     again.close()
 
 
+@pytest.mark.parametrize("parent_death", [signal.SIGHUP, signal.SIGKILL, signal.SIGTERM, 0])
+def test_a_preemption_takes_any_parent_death_signal_its_launcher_set(parent_death):
+    # The local launcher sets SIGHUP, a Ray node's runner SIGKILL (which no handler can take:
+    # installing one failed every trainer of the Ray engine at its start).
+    from cifar10_estimator.training.preemption import SIGNALS, Preemption
+
+    before = {s: signal.getsignal(s) for s in (*SIGNALS, signal.SIGHUP)}
+    preemption = Preemption().install(parent_death)
+    try:
+        handled = signal.getsignal(signal.SIGHUP) == preemption._on_signal
+        assert handled == (parent_death == signal.SIGHUP)
+        assert all(signal.getsignal(s) == preemption._on_signal for s in SIGNALS)
+    finally:
+        preemption.restore()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_a_parameter_server_stops_at_once_with_status_143(tmp_path):
     ps = Trainer([], tmp_path / "ps.log", tf_config(local_spec("chief", "ps"), "ps"))
     try:

@@ -76,7 +76,8 @@ class Preemption:
     def install(self, parent_death: int = 0) -> "Preemption":
         """Handles SIGTERM and SIGINT from now on (main thread only), and ``parent_death``, the
         signal this process gets when its parent ends (``platform.parent_death``), if any."""
-        if parent_death and parent_death not in SIGNALS:
+        # (SIGKILL, which a Ray node's runner sets, and SIGSTOP cannot be handled.)
+        if parent_death and parent_death not in (*SIGNALS, signal.SIGKILL, signal.SIGSTOP):
             self._once = parent_death
             self._handled = (*SIGNALS, parent_death)
         for signum in self._handled:
