@@ -4,15 +4,22 @@ with invariants checked after each job (issue 76).
 Each job is ``python -m cifar10_estimator.cluster`` as a user starts it, training ResNet-8 on
 the built-in sample data: ``--engines ps`` a chief, a worker, a parameter server and an
 evaluator; ``allreduce`` the same with ``--distribution-strategy multi-worker-mirrored`` (no
-parameter server). Its job dir is a tmpfs of its own (``--disk-mb``), which the ``disk`` fault
-fills. While it runs, a schedule seeded by ``--seed`` waits ``--gap`` seconds (uniform) and
-draws one fault from ``--kinds``:
+parameter server); ``ray`` the all-reduce job on a Ray cluster of two nodes of this host
+(``ray start``, each in a process group of its own) with the records and the job dir in a
+bucket of moto's S3 server on 127.0.0.1 (run this script with a Python whose TensorFlow has
+s3://: 2.15 with tensorflow-io, the ``s3`` and ``ray`` extras). A local job's job dir is a
+tmpfs of its own (``--disk-mb``), which the ``disk`` fault fills. While it runs, a schedule
+seeded by ``--seed`` waits ``--gap`` seconds (uniform) and draws one fault from ``--kinds``
+(those its engine has):
 
 - ``kill``, ``term``: SIGKILL or SIGTERM to a random task (the launcher starts a task a signal
   ended again, as Kubernetes' ExitCode restart policy does);
 - ``stop``: SIGSTOP to a random task, SIGCONT after ``--hold`` seconds;
 - ``launcher``: SIGKILL to the launcher itself (the local engine's lost node): its tasks get
-  SIGTERM from the kernel, and the user runs the same command again;
+  their parent-death signal from the kernel, and the user runs the same command again;
+- ``node`` (Ray): SIGKILL to the process group of the Ray node (not the head) that runs a
+  random task, as a machine that goes away; a new node joins at once, as an autoscaler's;
+- ``s3`` (Ray): the S3 server stopped (SIGSTOP) for ``--hold`` seconds, then continued;
 - ``links``: the packets to and from a random task's port dropped for ``--hold`` seconds, with
   ``tc`` (``u32`` filters on the port into an ``htb`` class of 8 bits a second) on the
   loopback of the cluster's own network namespace, entered with ``nsenter``;
@@ -49,6 +56,7 @@ Runs as root (``mount``, ``nsenter``, ``tc``); a kind the machine cannot do is l
 the first lines say which.
 
     python benchmarks/chaos.py --engines ps,allreduce --minutes 60 --seed 1
+    PY=.venv-tf2.15/bin/python; $PY benchmarks/chaos.py --engines ray --minutes 60 --seed 1
     python benchmarks/chaos.py --engines ps --minutes 3 --seed 7 --gap 5,15   # CI's slice
 """
 
@@ -63,6 +71,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,16 +82,25 @@ from machine import print_machine_line
 from sample_records import make_sample_records
 
 TIMED = ("save", "eval", "export")  # kinds armed now, landed when their moment comes
-KINDS = ("kill", "term", "stop", "launcher", "links", "disk", "save", "eval", "export")
+KINDS = ("kill", "term", "stop", "launcher", "links", "disk", "save", "eval", "export", "node",
+         "s3")
+LOCAL_KINDS = KINDS[:9]
 ENGINES = {
     "ps": ["--num-workers", "2", "--num-ps", "1", "--evaluator"],
     "allreduce": ["--num-workers", "2", "--evaluator"],
+    "ray": ["--num-workers", "2", "--evaluator", "--cpus-per-task", "1"],
 }
 ENGINE_TRAINER_FLAGS = {
     "ps": [],
     "allreduce": ["--distribution-strategy", "multi-worker-mirrored"],
+    "ray": ["--distribution-strategy", "multi-worker-mirrored"],
 }
-STARTED = re.compile(r"^\[cluster\] started (\w+) \(pid (\d+)\)", re.M)
+ENGINE_KINDS = {"ps": LOCAL_KINDS, "allreduce": LOCAL_KINDS,
+                "ray": ("kill", "term", "stop", "launcher", "node", "s3")}
+# Ray: two nodes of this many CPUs each, so that either one holds the whole job (3 tasks of
+# --cpus-per-task 1) when the other is lost.
+RAY_NODE_CPUS = 3
+STARTED = re.compile(r"^\[cluster\] started (\w+) \(pid (\d+)[^)]*\)", re.M)
 CLUSTER = re.compile(r"^\[cluster\] cluster (\{.*\})$", re.M)
 TASK_LINE = re.compile(r"^\[(\w+)\] (.*)$")
 STEP = re.compile(r"(?:\bstep (\d+)/\d+ |Saving checkpoints for (\d+) into)")
@@ -188,23 +206,194 @@ class Links:
         os.close(self.namespace)
 
 
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up within {timeout:g} s")
+        time.sleep(0.2)
+
+
+def _listens(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    return False
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("PPid:")).split()[1])
+
+
+class RayWorld:
+    """The ``ray`` engine's world: moto's S3 server on 127.0.0.1 with a bucket that holds the
+    sample records, and two Ray nodes of this host, each a ``ray start --block`` in a process
+    group of its own (``ray stop`` would end every Ray process of the machine)."""
+
+    BUCKET = "chaos"
+
+    def __init__(self, work: str, data_dir: str):
+        import boto3
+
+        s3_port, self.ray_port = _free_ports(2)
+        self.endpoint = f"http://127.0.0.1:{s3_port}"
+        self.address = f"127.0.0.1:{self.ray_port}"
+        self.env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+                    # What a user sets for an S3-compatible server (docs/storage.md).
+                    "S3_ENDPOINT": self.endpoint, "S3_USE_HTTPS": "0", "S3_VERIFY_SSL": "0",
+                    "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "chaos",
+                    "AWS_SECRET_ACCESS_KEY": "chaos",
+                    # Ray 2.60 turns token authentication on once ~/.ray/auth_token exists.
+                    "RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
+        self.work = work
+        self.nodes: list[subprocess.Popen] = []
+        with open(os.path.join(work, "moto.log"), "w") as out:
+            self.s3 = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                        "-p", str(s3_port)], stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        # A short folder of its own: Ray's socket paths must fit in 107 bytes.
+        self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+        try:
+            _wait_for(lambda: _listens(s3_port), 60, "moto's S3 server")
+            self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                                       aws_access_key_id="chaos", aws_secret_access_key="chaos")
+            self.client.create_bucket(Bucket=self.BUCKET)
+            for name in os.listdir(data_dir):  # the records and their metadata
+                if os.path.isfile(os.path.join(data_dir, name)):
+                    self.client.upload_file(os.path.join(data_dir, name), self.BUCKET,
+                                            f"data/{name}")
+            self.data_dir = f"s3://{self.BUCKET}/data"
+            self.nodes.append(self._node(head=True))
+            _wait_for(lambda: _listens(self.ray_port), 90, "the Ray head")
+            self.nodes.append(self._node())
+            if self.wait_for_nodes(2) < 2:
+                raise RuntimeError("the second Ray node did not join within 90 s")
+        except BaseException:
+            self.close()
+            raise
+
+    def _node(self, head: bool = False) -> subprocess.Popen:
+        where = (["--head", f"--port={self.ray_port}", "--temp-dir", self.temp,
+                  "--include-dashboard=false"] if head else [f"--address={self.address}"])
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        return subprocess.Popen([ray, "start", *where, "--num-cpus", str(RAY_NODE_CPUS),
+                                 "--disable-usage-stats", "--block"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, cwd=self.work, env=self.env)
+
+    def wait_for_nodes(self, count: int, timeout: float = 90) -> int:
+        """Until ``count`` nodes are alive, at most ``timeout`` seconds; how many are."""
+        import ray
+
+        # This process joins as a driver for the wait only (with the nodes' environment:
+        # Ray 2.60's token authentication off).
+        os.environ["RAY_AUTH_MODE"] = self.env["RAY_AUTH_MODE"]
+        ray.init(address=self.address, logging_level="ERROR")
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                alive = sum(node["Alive"] for node in ray.nodes())
+                if alive >= count or time.monotonic() > deadline:
+                    return alive
+                time.sleep(0.2)
+        finally:
+            ray.shutdown()
+
+    def node_of(self, pid: int) -> Optional[int]:
+        """Which node (an index of ``nodes``, 0 the head) runs trainer ``pid``: its parent is
+        its task's actor, whose parent is the node's raylet, in the node's process group."""
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            group = os.getpgid(_parent(_parent(pid)))
+            return next(i for i, node in enumerate(self.nodes) if node.pid == group)
+        return None
+
+    def lose_node(self, index: int) -> None:
+        """SIGKILL to node ``index``'s process group (a machine gone); a new node joins in its
+        place (an autoscaler's), without waiting for it."""
+        node = self.nodes.pop(index)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait(30)
+        self.nodes.append(self._node())
+
+    def job_files(self, prefix: str, into: str) -> None:
+        """Copies the bucket's objects under ``prefix`` into folder ``into``."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.BUCKET,
+                                                                      Prefix=prefix + "/")
+        for page in pages:
+            for item in page.get("Contents", ()):
+                target = os.path.join(into, os.path.relpath(item["Key"], prefix))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                self.client.download_file(self.BUCKET, item["Key"], target)
+
+    def close(self) -> None:
+        for node in reversed(self.nodes):  # these nodes only: their process groups
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGTERM)
+            try:
+                node.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+        self.nodes = []
+        _signal(self.s3.pid, signal.SIGCONT)
+        self.s3.kill()
+        self.s3.wait(30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _actor_processes() -> list[int]:
+    """This machine's processes of the Ray engine's task actors (ray_node.TaskRunner)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::TaskRunner") and _alive(int(entry)):
+                        found.append(int(entry))
+    return found
+
+
 class Job:
     """One job of an engine: its command, its runs, the faults that hit it."""
 
     def __init__(self, engine: str, number: int, args, data_dir: str, work: str,
-                 rng: random.Random, kinds: tuple, disturbed: bool, seed: Optional[int] = None):
-        self.engine, self.args, self.rng, self.kinds = engine, args, rng, kinds
-        self.disturbed = disturbed
-        self.folder = os.path.join(work, f"{engine}-{number}" if disturbed else
-                                   f"{engine}-undisturbed-{args.seed if seed is None else seed}")
-        self.job_dir = os.path.join(self.folder, "job")
-        os.makedirs(self.job_dir)
+                 rng: random.Random, kinds: tuple, disturbed: bool, seed: Optional[int] = None,
+                 world: Optional[RayWorld] = None):
+        self.engine, self.args, self.rng = engine, args, rng
+        self.kinds = tuple(k for k in kinds if k in ENGINE_KINDS[engine])
+        self.disturbed, self.world = disturbed, world
+        name = (f"{engine}-{number}" if disturbed else
+                f"{engine}-undisturbed-{args.seed if seed is None else seed}")
+        self.folder = os.path.join(work, name)
+        os.makedirs(self.folder)
         self.mounted = False
-        if "disk" in kinds:
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_mb}m", "tmpfs",
-                            self.job_dir], check=True, capture_output=True)
-            self.mounted = True
-        self.command = [sys.executable, "-m", "cifar10_estimator.cluster", *ENGINES[engine],
+        if world:  # in the bucket; copied into local_dir for the checks
+            self.job_dir, data_dir = f"s3://{world.BUCKET}/{name}/job", world.data_dir
+            self.local_dir = os.path.join(self.folder, "job-copy")
+            launcher = ["--ray", world.address]
+        else:
+            self.job_dir = self.local_dir = os.path.join(self.folder, "job")
+            os.makedirs(self.job_dir)
+            launcher = []
+            if "disk" in self.kinds:
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_mb}m", "tmpfs",
+                                self.job_dir], check=True, capture_output=True)
+                self.mounted = True
+        self.command = [sys.executable, "-m", "cifar10_estimator.cluster", *launcher,
+                        *ENGINES[engine],
                         "--", "--data-dir", data_dir, "--job-dir", self.job_dir,
                         "--num-layers", "8", "--train-batch-size", "8", "--eval-batch-size",
                         "8", "--train-steps", str(args.train_steps), "--save-checkpoints-steps",
@@ -221,7 +410,8 @@ class Job:
 
     def _start_run(self) -> Run:
         log = os.path.join(self.folder, f"run-{len(self.runs)}.log")
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env = self.world.env if self.world else {k: v for k, v in os.environ.items()
+                                                 if k != "TF_CONFIG"}
         with open(log, "w") as out:
             process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, cwd=self.folder, env=env,
@@ -236,11 +426,15 @@ class Job:
             if name == "chief" and int(pid) not in run.chiefs:
                 run.chiefs.append(int(pid))
 
+    def _left(self) -> list[int]:
+        """The job's processes still alive (and the Ray engine's task actors)."""
+        return _job_processes(self.job_dir) + (_actor_processes() if self.world else [])
+
     def _wait_gone(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
-        while _job_processes(self.job_dir) and time.monotonic() < deadline:
+        while self._left() and time.monotonic() < deadline:
             time.sleep(0.2)
-        for pid in _job_processes(self.job_dir):  # what would not end: counted as left over
+        for pid in self._left():  # what would not end: counted as left over
             _signal(pid, signal.SIGKILL)
 
     def run(self, deadline: float) -> int:
@@ -314,6 +508,20 @@ class Job:
             links = Links(tasks[name], ports[name])
             links.cut()
             fault.undo_at, fault.undo = now + hold, links.restore
+        elif kind == "node":
+            # A node that runs a task, not the head (whose loss ends the Ray cluster).
+            lost = sorted({i for i in map(self.world.node_of, tasks.values()) if i})
+            if not lost:
+                return False
+            index = self.rng.choice(lost)
+            fault.target = "node " + ",".join(sorted(
+                n for n, pid in tasks.items() if self.world.node_of(pid) == index))
+            self.world.lose_node(index)
+        elif kind == "s3":
+            fault.target = "S3 server"
+            pid = self.world.s3.pid
+            _signal(pid, signal.SIGSTOP)
+            fault.undo_at, fault.undo = now + hold, lambda: _signal(pid, signal.SIGCONT)
         elif kind == "disk":
             fault.target = "job dir"
             filler = os.path.join(self.job_dir, "filler")
@@ -385,16 +593,21 @@ class Job:
         import tensorflow as tf
 
         texts = [run.text() for run in self.runs]
+        if self.world:
+            self.world.job_files(self.job_dir.split("/", 3)[3], self.local_dir)
+        job_dir = self.local_dir
         row = {"engine": self.engine, "job": os.path.basename(self.folder),
                "minutes": (time.monotonic() - self.started) / 60, "runs": len(self.runs),
                "faults": collections.Counter(f.kind for f in self.faults
                                              if f.kind not in TIMED or f.landed)}
         # end
-        latest = tf.train.latest_checkpoint(self.job_dir) if os.path.isdir(self.job_dir) else None
+        # The state file's newest entry (a bucket's names its checkpoints by their URL).
+        state = (tf.train.get_checkpoint_state(job_dir) if os.path.isdir(job_dir) else None)
+        latest = state.model_checkpoint_path if state else None
         step = int(latest.rsplit("-", 1)[1]) if latest else -1
-        export = os.path.join(self.job_dir, "export")
+        export = os.path.join(job_dir, "export")
         versions = [v for v in os.listdir(export) if v.isdigit()] if os.path.isdir(export) else []
-        report = os.path.exists(os.path.join(self.job_dir, "eval_report.json"))
+        report = os.path.exists(os.path.join(job_dir, "eval_report.json"))
         # Asynchronous workers may each add a step in flight past the last one.
         row["end"] = (status == 0 and step >= self.args.train_steps and bool(versions)
                       and report)
@@ -409,9 +622,9 @@ class Job:
             row["accuracy ok"] = abs(accuracy - reference) <= noise + 1e-9
         # checkpoints
         broken = []
-        for name in sorted(os.listdir(self.job_dir)) if os.path.isdir(self.job_dir) else []:
+        for name in sorted(os.listdir(job_dir)) if os.path.isdir(job_dir) else []:
             if name.startswith("model.ckpt-") and name.endswith(".index"):
-                prefix = os.path.join(self.job_dir, name[:-len(".index")])
+                prefix = os.path.join(job_dir, name[:-len(".index")])
                 try:
                     reader = tf.train.load_checkpoint(prefix)
                     for variable in reader.get_variable_to_shape_map():
@@ -424,9 +637,9 @@ class Job:
         # redone
         row["redone"], row["redone ok"] = self._redone(texts)
         # left
-        left = _job_processes(self.job_dir)
-        temps = [n for n in os.listdir(self.job_dir) if n.endswith("_temp")] if os.path.isdir(
-            self.job_dir) else []
+        left = self._left()
+        temps = [n for n in os.listdir(job_dir) if n.endswith("_temp")] if os.path.isdir(
+            job_dir) else []
         temps += [n for n in (os.listdir(export) if os.path.isdir(export) else [])
                   if n.endswith(".tmp")]
         row["left ok"], row["left"] = not left and not temps, left + temps
@@ -474,9 +687,10 @@ class Job:
         return redone, ok
 
 
-def _undisturbed(args, engine, data_dir, work, seed: int) -> Optional[float]:
+def _undisturbed(args, engine, data_dir, work, seed: int,
+                 world: Optional[RayWorld]) -> Optional[float]:
     job = Job(engine, 0, args, data_dir, work, random.Random(0), args.kinds, disturbed=False,
-              seed=seed)
+              seed=seed, world=world)
     try:
         status = job.run(time.monotonic() + 3600)
         row = job.check(status, None)
@@ -487,7 +701,8 @@ def _undisturbed(args, engine, data_dir, work, seed: int) -> Optional[float]:
     return row["accuracy"]
 
 
-def _reference(args, engine, data_dir, work) -> tuple[Optional[float], float]:
+def _reference(args, engine, data_dir, work, world: Optional[RayWorld]
+               ) -> tuple[Optional[float], float]:
     """The undisturbed job's accuracy at ``--seed``, and the noise a disturbed job's may differ
     from it by: the largest difference from it of undisturbed jobs at ``--noise-seeds`` other
     seeds (a job resumed from a checkpoint reads its pictures in another order from there, as
@@ -495,8 +710,8 @@ def _reference(args, engine, data_dir, work) -> tuple[Optional[float], float]:
     on the evaluation split (the evaluation's own noise alone)."""
     if args.no_reference:
         return None, 0.0
-    reference = _undisturbed(args, engine, data_dir, work, args.seed)
-    others = [_undisturbed(args, engine, data_dir, work, args.seed + k)
+    reference = _undisturbed(args, engine, data_dir, work, args.seed, world)
+    others = [_undisturbed(args, engine, data_dir, work, args.seed + k, world)
               for k in range(1, args.noise_seeds + 1)]
     others = [a for a in others if a is not None]
     if reference is None:
@@ -588,6 +803,14 @@ def main() -> int:
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         parser.error(f"--engines: unknown {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    if "ray" in engines:
+        import importlib.util
+
+        lacking = [m for m in ("ray", "moto", "boto3", "tensorflow_io")
+                   if importlib.util.find_spec(m) is None]
+        if lacking:
+            parser.error(f"--engines ray: this Python lacks {', '.join(lacking)}: run it with "
+                         f"TensorFlow 2.15's (pip install -e '.[test,s3,ray]')")
     work = args.work_dir or tempfile.mkdtemp(prefix="c10chaos.")
     kinds = []
     print_machine_line()
@@ -606,15 +829,18 @@ def main() -> int:
     print(f"seed {args.seed}; faults from {', '.join(args.kinds)} every {args.gap[0]:g}-"
           f"{args.gap[1]:g} s; ResNet-8, {args.train_steps} steps, a checkpoint every "
           f"{args.checkpoint_steps}; {args.eval_records} evaluation pictures", flush=True)
-    rows = []
+    rows, worlds = [], []
     try:
         for engine in engines:
-            reference, noise = _reference(args, engine, data_dir, work)
+            world = RayWorld(work, data_dir) if engine == "ray" else None
+            worlds.append(world)
+            reference, noise = _reference(args, engine, data_dir, work, world)
             rng = random.Random(f"{args.seed}-{engine}")
             deadline = time.monotonic() + args.minutes * 60
             number = 1
             while time.monotonic() < deadline:
-                job = Job(engine, number, args, data_dir, work, rng, args.kinds, True)
+                job = Job(engine, number, args, data_dir, work, rng, args.kinds, True,
+                          world=world)
                 try:
                     status = job.run(deadline)
                     row = job.check(status, reference, noise)
@@ -626,6 +852,9 @@ def main() -> int:
                       flush=True)
                 number += 1
     finally:
+        for world in worlds:
+            if world:
+                world.close()
         held = bool(rows) and all(r["held"] for r in rows)
         if args.work_dir is None and held:
             shutil.rmtree(work, ignore_errors=True)
