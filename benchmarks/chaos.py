@@ -319,11 +319,17 @@ class RayWorld:
         return None
 
     def lose_node(self, index: int) -> None:
-        """SIGKILL to node ``index``'s process group (a machine gone); a new node joins in its
-        place (an autoscaler's), without waiting for it."""
+        """SIGKILL at once to every process of node ``index`` (a machine gone): its process
+        group and every descendant of its ``ray start``, the raylet's workers (which Ray puts
+        in groups of their own, and which would otherwise outlive their raylet for seconds,
+        their trainers with them) included; a new node joins in its place (an
+        autoscaler's), without waiting for it."""
         node = self.nodes.pop(index)
+        doomed = _descendants(node.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pid, signal.SIGKILL)
+        for pid in doomed:
+            _signal(pid, signal.SIGKILL)
         node.wait(30)
         self.nodes.append(self._node())
 
@@ -352,6 +358,21 @@ class RayWorld:
         self.s3.kill()
         self.s3.wait(30)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (by the kernel's parent links)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, StopIteration, ValueError):
+                children[_parent(int(entry))].append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _actor_processes() -> list[int]:
