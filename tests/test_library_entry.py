@@ -68,8 +68,8 @@ before = state()
 seen_during = []
 from cifar10_estimator.training import preemption
 original = preemption.Preemption.install
-def install(self):
-    done = original(self)
+def install(self, *args):
+    done = original(self, *args)
     seen_during.append(signal.getsignal(signal.SIGTERM) is not on_term)
     return done
 preemption.Preemption.install = install
