@@ -98,6 +98,11 @@ def build_parser() -> cli.Parser:
                         help="GPUs each trial asks Ray for (whole GPUs: its trainer's "
                              "--num-gpus)")
     parser.add_argument(
+        "--max-failures", type=int, default=None, metavar="N",
+        help="how many times the trials lost with their Ray worker (a node gone) are run "
+             "again, each resuming from its checkpoint, before they count as failed "
+             "(default: 3; 0: at once)")
+    parser.add_argument(
         "--change-trainer-flags", action="store_true",
         help="take trainer flags that differ from the ones sweep.json recorded: every trial "
              "runs again with them, each trainer resuming its job dir (a setting its "
@@ -163,6 +168,8 @@ def run(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> int:
         raise UserError("the trainer needs --data-dir (after --)")
     mode = records.default_mode(args.metric)
     mode = args.mode or mode
+    if args.max_failures is not None and args.max_failures < 0:
+        raise UserError(f"--max-failures must be 0 or more, got {args.max_failures}")
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent must be 1 or more, got {args.max_concurrent}")
     if args.cpus_per_trial < 0 or args.gpus_per_trial < 0:
@@ -392,8 +399,40 @@ def _tune(state: records.Sweep, pending, args, env: dict, drawn: int = 0) -> Non
                                          args.max_epochs)  # a scheduler serves one run
             tuner.run_drawn(state, args.dimensions, searcher, drawn, early_stop=early_stop,
                             **common)
+        _run_lost_again(state, args, common)
+    except Exception:
+        # What the records' writes raised inside Ray Tune's callbacks comes out wrapped in Ray
+        # Tune's own error, a traceback as text: the line is the records' (``Sweep.writing``).
+        if state.write_error is not None:
+            raise state.write_error from None
+        raise
     finally:
         shutil.rmtree(results, ignore_errors=True)
+
+
+def _run_lost_again(state: records.Sweep, args, common: dict) -> None:
+    """Runs the trials lost with their Ray worker (a node gone) again, each resuming from its
+    job dir's checkpoint, at most ``--max-failures`` times, as the cluster launcher places a
+    job that lost a node again; they fail for good after that."""
+    from cifar10_estimator.launch import ray_actors
+    from cifar10_estimator.sweeps import tuner
+
+    most = ray_actors.MAX_FAILURES if args.max_failures is None else args.max_failures
+    for restart in range(1, most + 1):
+        lost = state.lost()
+        if not lost:
+            return
+        names = ", ".join(t.name for t in lost)
+        state.say(f"{len(lost)} trial(s) lost with their Ray worker ({names}): running them "
+                  f"again, restart {restart} of {most} (--max-failures); each resumes from its "
+                  f"latest checkpoint")
+        early_stop = tuner.scheduler(args.scheduler, state.metric, state.mode, args.grace_epochs,
+                                     args.reduction_factor, args.max_epochs)
+        tuner.run(state, lost, early_stop=early_stop, **common)
+    if state.lost():
+        names = ", ".join(t.name for t in state.lost())
+        state.say(f"{names}: lost with their Ray worker; no restarts left (--max-failures "
+                  f"{most})")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -4,9 +4,11 @@ real sweep on two Ray nodes (``test_ray``'s cluster) with its sweep dir in a buc
 local S3 server where s3:// works, else in a shared folder: four trials, TensorBoard's HParams
 dashboard over them, a rerun that starts nothing, and a grid extended by points that fail."""
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +27,7 @@ from trainer_fixtures import (TINY_BATCHES, TINY_FLAGS, run_trainer, trainer_arg
 pytestmark = [pytest.mark.timeout(120)]  # the sweep on Ray has a limit of its own
 
 try:  # the Ray cluster's fixture, where Ray is installed (the unit tests run without it)
-    from test_ray import _wait_for, ray_cluster  # noqa: F401
+    from test_ray import _node_of, _wait_for, ray_cluster, ray_nodes  # noqa: F401
     from test_object_storage import bucket, s3_server, shared_store  # noqa: F401
 except pytest.skip.Exception:
     ray_cluster = None
@@ -578,6 +580,153 @@ def test_asha_stops_the_losers_saved_and_a_sweep_outlives_its_driver_killed(
     last = subprocess.run(command_line, capture_output=True, text=True, timeout=120,
                           cwd=work_dir(), env=env)
     assert last.returncode == 0 and "3 ended already, 0 to run" in last.stdout, last.stdout
+
+
+def _two_trials(address: str, sweep_dir, data_dir: str, steps: int) -> list[str]:
+    """A sweep's command line: two trials of ``steps`` steps, a checkpoint every 40, one CPU
+    each, its sweep dir a folder of this host."""
+    return [sys.executable, "-m", "cifar10_estimator.sweep", "--ray", address, "--sweep-dir",
+            str(sweep_dir), "--vary", "learning-rate=0.05,0.1", "--cpus-per-trial", "1", "--",
+            "--data-dir", data_dir, *TINY_FLAGS, "--train-steps", str(steps),
+            "--save-checkpoints-steps", "40", "--precise-bn-batches", "0",
+            "--eval-throttle-secs", "100000", "--progress-secs", "1"]
+
+
+def _driver(command_line: list[str], log) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(command_line, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=work_dir(), env=trainer_env())
+
+
+def _until(predicate, driver: subprocess.Popen, log, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.2)
+
+
+def _trainers_of(sweep_dir) -> dict[str, int]:
+    """The live trainer processes of a sweep's trials on this host: {trial name: pid}."""
+    mark = f"--job-dir\0{sweep_dir}/".encode()
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                line = f.read()
+        except OSError:
+            continue
+        if b"-m\0cifar10_estimator\0" in line and mark in line:
+            found[line.split(mark, 1)[1].split(b"\0", 1)[0].decode()] = int(entry)
+    return found
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+@pytest.mark.skipif(ray_cluster is None, reason="the ray extra installs Ray")
+def test_a_trainer_a_signal_ends_trains_on_and_a_trial_lost_with_its_node_runs_again(
+        tiny_records, tmp_path):
+    # Two trials on two nodes of one CPU each (one trial per node), their sweep dir a folder
+    # both see. Once each has saved, the trainer on the head is killed (SIGKILL) and the other
+    # node goes, every process of it at once, as a machine that goes away: the first trial
+    # starts its trainer again in place, the second is run again by the sweep; both resume
+    # from their checkpoints, and the sweep ends as an undisturbed one.
+    local_data, _ = tiny_records
+    sweep_dir = tmp_path / "sweep"
+    log = tmp_path / "driver.log"
+    with ray_nodes(2, 1) as (address, nodes):
+        command_line = _two_trials(address, sweep_dir, local_data, 1000)
+        driver = _driver(command_line, log)
+        try:
+            _until(lambda: len(_trainers_of(sweep_dir)) == 2 and all(
+                (sweep_dir / name / "model.ckpt-40.index").exists()
+                for name in _trainers_of(sweep_dir)), driver, log)
+            trainers = _trainers_of(sweep_dir)
+            on_node = {name: _node_of(pid, nodes) for name, pid in trainers.items()}
+            assert sorted(on_node.values()) == [0, 1], on_node
+            (killed,) = [name for name, node in on_node.items() if node == 0]
+            (lost,) = [name for name, node in on_node.items() if node == 1]
+            os.kill(trainers[killed], signal.SIGKILL)
+            # The node's group and its raylet's workers, which Ray puts in groups of their own.
+            doomed = [int(p) for p in subprocess.run(
+                ["pgrep", "-g", str(nodes[1].pid)], capture_output=True, text=True).stdout.split()]
+            doomed += [trainers[lost], *map(int, subprocess.run(
+                ["pgrep", "-P", ",".join(map(str, doomed))], capture_output=True,
+                text=True).stdout.split())]
+            for pid in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            status = driver.wait(400)
+        finally:
+            driver.kill()
+            driver.wait(30)
+    out = log.read_text()
+    assert status == 0, out[-6000:]
+    assert re.search(rf"sweep: {lost} was lost with its Ray worker \(its node gone\?\) after "
+                     rf"\d+ s: ", out), out[-6000:]
+    assert (f"sweep: 1 trial(s) lost with their Ray worker ({lost}): running them again, "
+            f"restart 1 of 3 (--max-failures)") in out
+    assert f"sweep: {killed} failed" not in out and "2 of 2 trials finished" in out, out
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    assert {t["name"]: t["status"] for t in record["trials"]} == {killed: "finished",
+                                                                  lost: "finished"}
+    trial_log = (sweep_dir / killed / "trial.log").read_text()
+    said = trial_log.index(f"sweep: {killed}'s trainer stopped by a signal (killed by SIGKILL): "
+                           f"starting it again")
+    for name, text in ((killed, trial_log[said:]), (lost, (sweep_dir / lost / "trial.log")
+                                                    .read_text())):
+        resumed = re.search(r"resuming from \S*model\.ckpt-(\d+)", text)
+        assert resumed and 40 <= int(resumed.group(1)) < 1000, text[-3000:]
+        assert (sweep_dir / name / "model.ckpt-1000.index").exists()
+        assert any(v.isdigit() for v in os.listdir(sweep_dir / name / "export"))
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+@pytest.mark.skipif(ray_cluster is None, reason="the ray extra installs Ray")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sweep dir is a tmpfs of its own (mount)")
+def test_a_full_sweep_dir_ends_the_sweep_in_one_line_and_the_same_command_resumes_it(
+        tiny_records, tmp_path):
+    # The chaos campaign's full disk (issue 76): the sweep dir fills while two trials train.
+    # Their trainers stop with their own line, and the driver, which cannot record that, ended
+    # with a traceback of Ray Tune's from its callback. Now it ends with one line; once space
+    # is free the same command resumes both trials from their checkpoints.
+    local_data, _ = tiny_records
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(sweep_dir)],
+                   check=True)
+    filler = sweep_dir / "filler"
+    log = tmp_path / "driver.log"
+    try:
+        with ray_nodes(1, 2) as (address, _):
+            command_line = _two_trials(address, sweep_dir, local_data, 600)
+            driver = _driver(command_line, log)
+            try:
+                _until(lambda: len(list(sweep_dir.glob("trial-*/model.ckpt-40.index"))) == 2,
+                       driver, log)
+                subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
+                               capture_output=True)
+                status = driver.wait(300)
+            finally:
+                driver.kill()
+                driver.wait(30)
+            out = log.read_text()
+            assert status == 2, out[-6000:]
+            assert out.strip().splitlines()[-1] == (
+                f"cifar10_estimator.sweep: error: cannot write the sweep's records in "
+                f"--sweep-dir {sweep_dir} (No space left on device); free space (or raise "
+                f"the quota) and rerun the same command"), out[-6000:]
+            assert "Traceback" not in out and "TuneError" not in out, out[-6000:]
+            filler.unlink()
+            again = subprocess.run(command_line, capture_output=True, text=True, timeout=300,
+                                   cwd=work_dir(), env=trainer_env())
+    finally:
+        subprocess.run(["umount", "-l", str(sweep_dir)], capture_output=True)
+    assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-3000:]
+    assert "2 of 2 trials finished" in again.stdout, again.stdout[-4000:]
+    assert "Traceback" not in again.stdout + again.stderr
 
 
 @pytest.mark.cluster

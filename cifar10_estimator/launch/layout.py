@@ -26,6 +26,7 @@ launcher's first line (``Network.line``) says which, and why.
 import dataclasses
 import ipaddress
 import json
+import signal
 import subprocess
 import threading
 from typing import Mapping, Optional, Sequence
@@ -148,6 +149,19 @@ def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) 
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
+def ended_by_signal(code: Optional[int]) -> bool:
+    """Whether a trainer's exit status ``code`` says a signal ended it: 128 or more (its own
+    143 after SIGTERM, having saved; 130 after SIGINT; a shell's 128 + N), or negative, killed
+    outright (``subprocess``'s -N). Such a trainer is started again, as Kubernetes' ExitCode
+    restart policy does (1 to 127 are the trainer's own failures)."""
+    return code is not None and (code >= 128 or code < 0)
+
+
+def how_ended(code: int) -> str:
+    """How a trainer that a signal ended ended, in words: its exit status, or the signal."""
+    return f"exit status {code}" if code > 0 else f"killed by {signal.Signals(-code).name}"
+
+
 def task_name(task_type: str, index: int) -> str:
     return task_type if task_type in ("chief", "evaluator") else f"{task_type}{index}"
 
@@ -177,7 +191,7 @@ class LaunchedTask:
     def signalled(self, code: Optional[int]) -> bool:
         """Whether exit status ``code`` means a signal, not the launcher, stopped the task: 128
         or more (the trainer's own 143 after SIGTERM, 130 after SIGINT), or killed outright."""
-        return code is not None and (code >= 128 or code < 0) and not self.stopped
+        return ended_by_signal(code) and not self.stopped
 
 
 def lay_out(num_workers: int, num_ps: int, evaluator: bool, host: str = "127.0.0.1",

@@ -22,7 +22,6 @@ On one host it is for trying distribution and for tests; several hosts need a cl
 """
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ import time
 from typing import Mapping, Optional, Protocol, Sequence, TextIO
 
 from cifar10_estimator.errors import UserError
-from cifar10_estimator.launch.layout import LaunchedTask
+from cifar10_estimator.launch.layout import LaunchedTask, how_ended
 
 _POLL_SECS = 0.2
 # After the chief has finished, a worker needs at most one more step and its report to the
@@ -158,9 +157,8 @@ class LaunchLoop:
         for task in self.tasks:
             code = codes[task.name]
             if task.signalled(code):
-                how = (f"exit status {code}" if code > 0
-                       else f"killed by {signal.Signals(-code).name}")
-                self.say(f"{task.name} stopped by a signal ({how}): starting it again")
+                self.say(f"{task.name} stopped by a signal ({how_ended(code)}): starting it "
+                         f"again")
                 if task.reader:
                     task.reader.join(timeout=5)
                 self._launch(task)

@@ -56,10 +56,11 @@ def _replace(folder: str, write) -> None:
 
 
 def _append(tf, folder: str, write) -> None:
-    writer = tf.summary.create_file_writer(folder, filename_suffix=SUFFIX)
-    with writer.as_default():
-        write()
-    writer.close()
+    with storage.os_errors(folder):  # a full disk, a bucket gone: as the records' writes fail
+        writer = tf.summary.create_file_writer(folder, filename_suffix=SUFFIX)
+        with writer.as_default():
+            write()
+        writer.close()
 
 
 def write_experiment(sweep_dir: str, varied: Sequence[records.Varied], metric: str) -> None:

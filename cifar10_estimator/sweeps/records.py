@@ -25,6 +25,7 @@ driver, which loads it for TensorBoard's HParams summaries anyway (``hparams``).
 """
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import difflib
@@ -273,6 +274,9 @@ class Trial:
     in_grid: bool = True
     # Each evaluation the trial reported, in order: epoch, global_step and its scalars.
     reports: list = dataclasses.field(default_factory=list)
+    # Failed with its Ray worker lost, in this run of the sweep (not recorded: a rerun runs
+    # every failed trial again).
+    lost: bool = False
 
     @property
     def epochs(self) -> Optional[float]:
@@ -451,6 +455,7 @@ class Sweep:
         self.metric, self.mode, self.out = metric, mode, out
         self.listener = listener or TrialListener()
         self._started: dict[str, float] = {}
+        self.write_error: Optional[UserError] = None  # the write that ended the sweep
 
     @property
     def record_path(self) -> str:
@@ -479,9 +484,10 @@ class Sweep:
 
     def started(self, name: str, where: str = "") -> None:
         trial = self.trials[name]
-        trial.status, trial.error, trial.exit_status = RUNNING, None, None
+        trial.status, trial.error, trial.exit_status, trial.lost = RUNNING, None, None, False
         self._started[name] = now()
-        self.listener.started(trial, self._started[name])
+        with self.writing():
+            self.listener.started(trial, self._started[name])
         self.say(f"{name} started{f' on {where}' if where else ''} "
                  f"({shown_settings(trial.settings)})")
         self.save()
@@ -529,15 +535,22 @@ class Sweep:
                  + (f"{self.metric} {value:.4g}" if value is not None else "no evaluation"))
 
     def failed(self, name: str, error: str, exit_status: Optional[int],
-               log: Optional[str] = None) -> None:
+               log: Optional[str] = None, lost: bool = False) -> None:
+        """The trial failed: its trainer's ``error`` line, or Ray's when the trial was ``lost``
+        with its Ray worker (its node died), which the sweep may run again (``lost``)."""
         trial = self.trials[name]
         self._write_log(trial, log)
         trial.status, trial.error, trial.exit_status = FAILED, error, exit_status
+        trial.lost = lost
         trial.secs = self._secs(name)
         self._end(trial, False)
         status = f" (exit status {exit_status})" if exit_status is not None else ""
-        self.say(f"{name} failed{status} after {trial.secs:.0f} s: {error}; its log: "
-                 f"{trial.log}")
+        how = "was lost with its Ray worker (its node gone?)" if lost else f"failed{status}"
+        self.say(f"{name} {how} after {trial.secs:.0f} s: {error}; its log: {trial.log}")
+
+    def lost(self) -> list[Trial]:
+        """The trials that failed because their Ray worker was lost, in order."""
+        return [t for t in self.trials.values() if t.status == FAILED and t.lost]
 
     def interrupted(self) -> None:
         """Trials still running when the sweep stopped: shown as interrupted."""
@@ -546,19 +559,36 @@ class Sweep:
                 trial.status = INTERRUPTED
         self.save()
 
+    @contextlib.contextmanager
+    def writing(self):
+        """The sweep's writes into the sweep dir: one that fails (a full disk, a bucket gone)
+        ends the sweep with one line, kept in ``write_error`` (Ray Tune wraps what its
+        callbacks raise in an error of its own, which the command unwraps by it)."""
+        try:
+            yield
+        except OSError as e:
+            why = storage.write_failure(self.sweep_dir) or storage.reason(e)
+            fix = (storage.NO_ROOM_FIX if storage.no_room(why)
+                   else storage.fix_for(self.sweep_dir, "--sweep-dir"))
+            self.write_error = UserError(f"cannot write the sweep's records in --sweep-dir "
+                                         f"{self.sweep_dir} ({why}); {fix}")
+            raise self.write_error from None
+
     def _write_log(self, trial: Trial, log: Optional[str]) -> None:
         if log is not None:
-            storage.makedirs(trial.job_dir)
-            storage.write_bytes_atomic(trial.log, log.encode())
+            with self.writing():
+                storage.makedirs(trial.job_dir)
+                storage.write_bytes_atomic(trial.log, log.encode())
 
     def _secs(self, name: str) -> float:
         return now() - self._started.get(name, now())
 
     def _end(self, trial: Trial, ok: bool) -> None:
-        storage.makedirs(trial.job_dir)  # a trial may fail before its trainer makes it
-        write_json(storage.join(trial.job_dir, TRIAL_RECORD_FILE),
-                   trial_record(trial, self.trainer_flags, self._started.get(trial.name)))
-        self.listener.ended(trial, ok, now())
+        with self.writing():
+            storage.makedirs(trial.job_dir)  # a trial may fail before its trainer makes it
+            write_json(storage.join(trial.job_dir, TRIAL_RECORD_FILE),
+                       trial_record(trial, self.trainer_flags, self._started.get(trial.name)))
+            self.listener.ended(trial, ok, now())
         self.save()
 
     def content(self) -> dict:
@@ -581,7 +611,8 @@ class Sweep:
         }
 
     def save(self) -> None:
-        write_json(self.record_path, self.content())
+        with self.writing():
+            write_json(self.record_path, self.content())
 
     def summary(self) -> list[str]:
         """The closing lines: counts, the best trial, the failed ones."""

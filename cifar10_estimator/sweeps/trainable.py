@@ -10,7 +10,11 @@
   convention, through which the trainer hands back its final evaluation's scalars
   (``engines``: ``CLOUD_ML_TRIAL_ID`` = the trial's name, ``CLOUD_ML_HP_METRIC_FILE`` = a
   file in a temporary folder of the node). The trainer dies with its actor.
-- Its output goes to ``JOB/trial.log`` as it comes; for a job dir in a bucket, to a local file
+- A trainer that a signal ended (exit status 128 or more, or killed; not the sweep's own
+  stop below), as a preempted or killed process is, is started again in place, as the cluster
+  launcher does, and resumes from its latest checkpoint; its failures (1 to 127) end the trial.
+- Its output goes to ``JOB/trial.log`` as it comes (a trainer started again in the trial adds
+  to it); for a job dir in a bucket, to a local file
   whose text goes to the driver with the result, and the driver writes it into the bucket: the
   trial itself touches no bucket, so it loads no TensorFlow (only its trainer does).
 - It reports each evaluation to Ray Tune (``ray.tune.report``) as the trainer adds it to the
@@ -38,6 +42,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from cifar10_estimator import engines, storage
 from cifar10_estimator.jobdir.lock import IN_USE
+from cifar10_estimator.launch.layout import ended_by_signal, how_ended
 from cifar10_estimator.launch.ray_node import TaskRunner
 from cifar10_estimator.sweeps import records
 
@@ -127,11 +132,21 @@ def run(config: Mapping, env: Mapping[str, str],
                            replayed[-1] if replayed else None)
         code, tail, log = trainer.run(spec["argv"], variables)
         deadline = time.monotonic() + LOCK_WAIT_SECS
-        while code != 0 and IN_USE in last_error(tail) and time.monotonic() < deadline:
-            # The trainer of a sweep whose driver was killed, still saving or not yet ended by
-            # its actor's end: this trial's trainer starts again once it is gone.
-            time.sleep(LOCK_POLL_SECS)
-            code, tail, log = trainer.run(spec["argv"], variables)
+        while code != 0 and not trainer.stopping:
+            if ended_by_signal(code):
+                # Stopped by a signal that was not the sweep's (a preempted or killed process):
+                # started again in place, as the cluster launcher does, and it resumes from its
+                # latest checkpoint. Its own failures (1 to 127) end the trial.
+                note = (f"sweep: {spec['name']}'s trainer stopped by a signal "
+                        f"({how_ended(code)}): starting it again")
+            elif IN_USE in last_error(tail) and time.monotonic() < deadline:
+                # The trainer of a sweep whose driver was killed, still saving or not yet ended
+                # by its actor's end: this trial's trainer starts again once it is gone.
+                time.sleep(LOCK_POLL_SECS)
+                note = None
+            else:
+                break
+            code, tail, log = trainer.run(spec["argv"], variables, note)
         if code != 0:
             raise TrialFailed(last_error(tail), code, log)
         try:
@@ -196,14 +211,20 @@ class _Trainer:
         self._reported_step = last.get("global_step", -1) if last else -1
         self._lock = threading.Lock()  # the log: the trial's thread, or ``stop``'s
         self._out = None
+        self._runs = 0
+        self.stopping = False  # the sweep stopped the trial (``stop``): not started again
 
-    def run(self, argv: list[str], variables: Mapping[str, str]
+    def run(self, argv: list[str], variables: Mapping[str, str], note: Optional[str] = None
             ) -> tuple[int, list[str], Optional[str]]:
         """Runs the trainer to its end: (exit status, its last lines, the whole log where the
-        job dir is a bucket's, for the driver to write there)."""
+        job dir is a bucket's, for the driver to write there). A trainer started again in this
+        trial adds its lines to the log after ``note``."""
         _running.append(self)
+        self._runs += 1
         try:
-            with open(self.path, "w") as self._out:
+            with open(self.path, "w" if self._runs == 1 else "a") as self._out:
+                if note:
+                    self._out.write(note + "\n")
                 self.runner.start(argv, dict(variables))
                 try:
                     while True:
@@ -260,6 +281,7 @@ class _Trainer:
         return self.epoch * step / self._reported_step
 
     def stop(self) -> None:
+        self.stopping = True
         if self.runner.poll() is None:
             self.runner.send(signal.SIGTERM)
             deadline = time.monotonic() + STOP_SECS

@@ -214,20 +214,22 @@ def _recorder(state: records.Sweep, ended: set[str]):
         def on_trial_error(self, iteration, trials, trial, **info):
             if _name(trial) in ended:
                 return
-            error, exit_status, log = failure(trial)
-            state.failed(_name(trial), error, exit_status, log=log)
+            error, exit_status, log, lost = failure(trial)
+            state.failed(_name(trial), error, exit_status, log=log, lost=lost)
 
     return Recorder()
 
 
-def failure(trial) -> tuple[str, Optional[int], Optional[str]]:
+def failure(trial) -> tuple[str, Optional[int], Optional[str], bool]:
     """A failed trial's error line, its trainer's exit status (None when the trainer did not
-    end by itself: the trial's node was lost, its actor stopped) and the log the driver writes
-    (a bucket's job dir only)."""
+    end by itself: the trial's node was lost, its actor stopped), the log the driver writes
+    (a bucket's job dir only), and whether the trial was lost with its Ray worker (its actor
+    or node died: not the trial's own failure)."""
     # Ray Tune keeps the trial's error in its local staging folder first (error.pkl, the
     # RayTaskError with the trainable's exception as its cause; error.txt, its traceback);
     # Trial.get_pickled_error reads the storage copy, which is synced later.
     from ray import cloudpickle
+    from ray import exceptions
 
     try:
         with open(trial.pickled_error_file, "rb") as f:
@@ -236,10 +238,12 @@ def failure(trial) -> tuple[str, Optional[int], Optional[str]]:
         error = None
     cause = getattr(error, "cause", error)
     if isinstance(cause, trainable.TrialFailed):
-        return cause.message, cause.exit_status, cause.log
+        return cause.message, cause.exit_status, cause.log, False
+    lost = isinstance(cause, (exceptions.RayActorError, exceptions.WorkerCrashedError,
+                              exceptions.NodeDiedError))
     try:
         with open(trial.error_file) as f:
             lines = [line.strip() for line in f if line.strip()]
     except (OSError, TypeError):
         lines = []
-    return (lines[-1][:1000] if lines else "Ray Tune gave no reason"), None, None
+    return (lines[-1][:1000] if lines else "Ray Tune gave no reason"), None, None, lost
