@@ -1,5 +1,5 @@
-"""Chaos: real jobs on the local cluster launcher, hit by a seeded schedule of mixed faults,
-with invariants checked after each job (issue 76).
+"""Chaos: real jobs of the cluster launcher and real sweeps, hit by a seeded schedule of mixed
+faults, with invariants checked after each job (issue 76).
 
 Each job is ``python -m cifar10_estimator.cluster`` as a user starts it, training ResNet-8 on
 the built-in sample data: ``--engines ps`` a chief, a worker, a parameter server and an
@@ -7,17 +7,21 @@ evaluator; ``allreduce`` the same with ``--distribution-strategy multi-worker-mi
 parameter server); ``ray`` the all-reduce job on a Ray cluster of two nodes of this host
 (``ray start``, each in a process group of its own) with the records and the job dir in a
 bucket of moto's S3 server on 127.0.0.1 (run this script with a Python whose TensorFlow has
-s3://: 2.15 with tensorflow-io, the ``s3`` and ``ray`` extras). A local job's job dir is a
-tmpfs of its own (``--disk-mb``), which the ``disk`` fault fills. While it runs, a schedule
-seeded by ``--seed`` waits ``--gap`` seconds (uniform) and draws one fault from ``--kinds``
-(those its engine has):
+s3://: 2.15 with tensorflow-io, the ``s3`` and ``ray`` extras); ``sweep`` ``python -m
+cifar10_estimator.sweep`` on such a Ray cluster, ``--sweep-trials`` trials drawn at random
+(the learning rate), ASHA with rungs at epochs 1 and 3, two trials at a time, its sweep dir a
+folder both nodes see: its tasks are its trials' trainers, its launcher the sweep's driver
+(the ``ray`` extra only). A job's job dir (a sweep's sweep dir) on this host is a tmpfs of its
+own (``--disk-mb``, a sweep's per trial), which the ``disk`` fault fills. While it runs, a
+schedule seeded by ``--seed`` waits ``--gap`` seconds (uniform) and draws one fault from
+``--kinds`` (those its engine has):
 
 - ``kill``, ``term``: SIGKILL or SIGTERM to a random task (the launcher starts a task a signal
   ended again, as Kubernetes' ExitCode restart policy does);
 - ``stop``: SIGSTOP to a random task, SIGCONT after ``--hold`` seconds;
 - ``launcher``: SIGKILL to the launcher itself (the local engine's lost node): its tasks get
   their parent-death signal from the kernel, and the user runs the same command again;
-- ``node`` (Ray): SIGKILL to the process group of the Ray node (not the head) that runs a
+- ``node`` (Ray, sweep): SIGKILL to every process of the Ray node (not the head) that runs a
   random task, as a machine that goes away; a new node joins at once, as an autoscaler's;
 - ``s3`` (Ray): the S3 server stopped (SIGSTOP) for ``--hold`` seconds, then continued;
 - ``links``: the packets to and from a random task's port dropped for ``--hold`` seconds, with
@@ -35,16 +39,21 @@ failed) is run again with the same command once its tasks are gone and any fault
 or the links is undone, at most ``--reruns`` times. After each job, these invariants (a table):
 
 - **end**: exit 0, the final checkpoint at ``--train-steps`` (or a step or two past it: the
-  steps asynchronous workers had in flight), an export and the report;
+  steps asynchronous workers had in flight), an export and the report; a sweep's: every trial
+  finished or stopped early by ASHA, none failed, each finished one at its last step with its
+  export and report, the best named;
 - **accuracy**: the final evaluation within noise of an undisturbed job of the same seed run
   first; the noise is measured: the largest difference from that job's accuracy of
   undisturbed jobs at ``--noise-seeds`` other seeds (a resumed job reads its pictures in
   another order from its checkpoint on, as another seed would); with 0 of them, 3 binomial
-  standard errors of the difference of two accuracies on the evaluation split;
+  standard errors of the difference of two accuracies on the evaluation split; a sweep's:
+  its best trial's accuracy within that binomial noise of the undisturbed sweep's best;
 - **checkpoints**: every checkpoint left in the job dir loads (its variables read back);
 - **one chief**: never two chief processes alive at once (sampled at every tick) and no
-  refusal of a second trainer on the job dir;
-- **redone**: per restart of the chief, the highest global step any task logged before it
+  refusal of a second trainer on the job dir; a sweep's: of two trainers of one trial alive at
+  once, the younger ends first (the job dir's lock refused it);
+- **redone** (not for a sweep, whose trainers resume from a checkpoint an epoch): per
+  restart of the chief, the highest global step any task logged before it
   minus the step it resumed from; held when at most the checkpoint interval plus the steps
   the cluster trained while the chief could not save (stopped, or gone);
 - **left**: no process of the job, no ``_temp`` checkpoint folder and no ``.tmp`` export left;
@@ -57,6 +66,7 @@ the first lines say which.
 
     python benchmarks/chaos.py --engines ps,allreduce --minutes 60 --seed 1
     PY=.venv-tf2.15/bin/python; $PY benchmarks/chaos.py --engines ray --minutes 60 --seed 1
+    python benchmarks/chaos.py --engines sweep --minutes 60 --seed 2
     python benchmarks/chaos.py --engines ps --minutes 3 --seed 7 --gap 5,15   # CI's slice
 """
 
@@ -89,14 +99,18 @@ ENGINES = {
     "ps": ["--num-workers", "2", "--num-ps", "1", "--evaluator"],
     "allreduce": ["--num-workers", "2", "--evaluator"],
     "ray": ["--num-workers", "2", "--evaluator", "--cpus-per-task", "1"],
+    "sweep": [],  # SweepJob's own command
 }
 ENGINE_TRAINER_FLAGS = {
     "ps": [],
     "allreduce": ["--distribution-strategy", "multi-worker-mirrored"],
     "ray": ["--distribution-strategy", "multi-worker-mirrored"],
+    "sweep": [],
 }
 ENGINE_KINDS = {"ps": LOCAL_KINDS, "allreduce": LOCAL_KINDS,
-                "ray": ("kill", "term", "stop", "launcher", "node", "s3")}
+                "ray": ("kill", "term", "stop", "launcher", "node", "s3"),
+                # A sweep's trainers have no ports and evaluate in their own process.
+                "sweep": ("kill", "term", "stop", "launcher", "disk", "save", "export", "node")}
 # Ray: two nodes of this many CPUs each, so that either one holds the whole job (3 tasks of
 # --cpus-per-task 1) when the other is lost.
 RAY_NODE_CPUS = 3
@@ -113,6 +127,8 @@ IN_USE = "is in use by another trainer"  # jobdir/lock.py's refusal
 METADATA = "cifar10_records.json"  # the generator's (data/metadata.py), with each split's count
 PROGRESS_SECS = 1  # the tasks' --progress-secs: how stale a task's last logged step can be
 TICK = 0.02  # seconds between the schedule's looks at the job (a save of ResNet-8 takes ~0.1 s)
+SCAN_SECS = 0.5  # seconds between a sweep's looks through /proc for its trials' trainers
+SWEEP_RECORD = "sweep.json"  # a sweep's record of its trials (sweeps/records.RECORD_FILE)
 
 
 @dataclasses.dataclass
@@ -237,43 +253,29 @@ def _parent(pid: int) -> int:
 
 
 class RayWorld:
-    """The ``ray`` engine's world: moto's S3 server on 127.0.0.1 with a bucket that holds the
-    sample records, and two Ray nodes of this host, each a ``ray start --block`` in a process
-    group of its own (``ray stop`` would end every Ray process of the machine)."""
+    """The Ray engines' world: two Ray nodes of this host, each a ``ray start --block`` in a
+    process group of its own (``ray stop`` would end every Ray process of the machine); with
+    ``bucket``, moto's S3 server on 127.0.0.1 with a bucket that holds the sample records (the
+    ``ray`` engine's jobs live there), else the records stay in their folder, which both nodes
+    see (the ``sweep`` engine's sweep dir is a folder too)."""
 
     BUCKET = "chaos"
 
-    def __init__(self, work: str, data_dir: str):
-        import boto3
-
+    def __init__(self, work: str, data_dir: str, bucket: bool = True):
         s3_port, self.ray_port = _free_ports(2)
-        self.endpoint = f"http://127.0.0.1:{s3_port}"
-        self.address = f"127.0.0.1:{self.ray_port}"
+        self.bucket = bucket
         self.env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
-                    # What a user sets for an S3-compatible server (docs/storage.md).
-                    "S3_ENDPOINT": self.endpoint, "S3_USE_HTTPS": "0", "S3_VERIFY_SSL": "0",
-                    "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "chaos",
-                    "AWS_SECRET_ACCESS_KEY": "chaos",
                     # Ray 2.60 turns token authentication on once ~/.ray/auth_token exists.
                     "RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
-        self.work = work
+        self.address = f"127.0.0.1:{self.ray_port}"
+        self.work, self.data_dir = work, data_dir
         self.nodes: list[subprocess.Popen] = []
-        with open(os.path.join(work, "moto.log"), "w") as out:
-            self.s3 = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                        "-p", str(s3_port)], stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self.s3: Optional[subprocess.Popen] = None
         # A short folder of its own: Ray's socket paths must fit in 107 bytes.
         self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
         try:
-            _wait_for(lambda: _listens(s3_port), 60, "moto's S3 server")
-            self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                                       aws_access_key_id="chaos", aws_secret_access_key="chaos")
-            self.client.create_bucket(Bucket=self.BUCKET)
-            for name in os.listdir(data_dir):  # the records and their metadata
-                if os.path.isfile(os.path.join(data_dir, name)):
-                    self.client.upload_file(os.path.join(data_dir, name), self.BUCKET,
-                                            f"data/{name}")
-            self.data_dir = f"s3://{self.BUCKET}/data"
+            if bucket:
+                self._serve_bucket(s3_port, data_dir)
             self.nodes.append(self._node(head=True))
             _wait_for(lambda: _listens(self.ray_port), 90, "the Ray head")
             self.nodes.append(self._node())
@@ -282,6 +284,28 @@ class RayWorld:
         except BaseException:
             self.close()
             raise
+
+    def _serve_bucket(self, s3_port: int, data_dir: str) -> None:
+        import boto3
+
+        self.endpoint = f"http://127.0.0.1:{s3_port}"
+        # What a user sets for an S3-compatible server (docs/storage.md).
+        self.env.update({"S3_ENDPOINT": self.endpoint, "S3_USE_HTTPS": "0",
+                         "S3_VERIFY_SSL": "0", "AWS_REGION": "us-east-1",
+                         "AWS_ACCESS_KEY_ID": "chaos", "AWS_SECRET_ACCESS_KEY": "chaos"})
+        with open(os.path.join(self.work, "moto.log"), "w") as out:
+            self.s3 = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                        "-p", str(s3_port)], stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_for(lambda: _listens(s3_port), 60, "moto's S3 server")
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                                   aws_access_key_id="chaos", aws_secret_access_key="chaos")
+        self.client.create_bucket(Bucket=self.BUCKET)
+        for name in os.listdir(data_dir):  # the records and their metadata
+            if os.path.isfile(os.path.join(data_dir, name)):
+                self.client.upload_file(os.path.join(data_dir, name), self.BUCKET,
+                                        f"data/{name}")
+        self.data_dir = f"s3://{self.BUCKET}/data"
 
     def _node(self, head: bool = False) -> subprocess.Popen:
         where = (["--head", f"--port={self.ray_port}", "--temp-dir", self.temp,
@@ -354,9 +378,10 @@ class RayWorld:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
         self.nodes = []
-        _signal(self.s3.pid, signal.SIGCONT)
-        self.s3.kill()
-        self.s3.wait(30)
+        if self.s3:
+            _signal(self.s3.pid, signal.SIGCONT)
+            self.s3.kill()
+            self.s3.wait(30)
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
@@ -375,14 +400,20 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+# The titles of the Ray engines' actors: the launcher's tasks (ray_node.TaskRunner) and Ray
+# Tune's function trainables, which run a sweep's trials (Ray's ImplicitFunc, in
+# ray/tune/trainable/function_trainable.py).
+ACTOR_TITLES = (b"ray::TaskRunner", b"ray::ImplicitFunc")
+
+
 def _actor_processes() -> list[int]:
-    """This machine's processes of the Ray engine's task actors (ray_node.TaskRunner)."""
+    """This machine's processes of the Ray engines' task and trial actors."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if f.read().startswith(b"ray::TaskRunner") and _alive(int(entry)):
+                    if f.read().startswith(ACTOR_TITLES) and _alive(int(entry)):
                         found.append(int(entry))
     return found
 
@@ -401,31 +432,34 @@ class Job:
         self.folder = os.path.join(work, name)
         os.makedirs(self.folder)
         self.mounted = False
-        if world:  # in the bucket; copied into local_dir for the checks
+        seed = args.seed if seed is None else seed
+        if world and world.bucket:  # in the bucket; copied into local_dir for the checks
             self.job_dir, data_dir = f"s3://{world.BUCKET}/{name}/job", world.data_dir
             self.local_dir = os.path.join(self.folder, "job-copy")
-            launcher = ["--ray", world.address]
         else:
             self.job_dir = self.local_dir = os.path.join(self.folder, "job")
             os.makedirs(self.job_dir)
-            launcher = []
             if "disk" in self.kinds:
-                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.disk_mb}m", "tmpfs",
+                size = args.disk_mb * (args.sweep_trials if engine == "sweep" else 1)
+                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs",
                                 self.job_dir], check=True, capture_output=True)
                 self.mounted = True
-        self.command = [sys.executable, "-m", "cifar10_estimator.cluster", *launcher,
-                        *ENGINES[engine],
-                        "--", "--data-dir", data_dir, "--job-dir", self.job_dir,
-                        "--num-layers", "8", "--train-batch-size", "8", "--eval-batch-size",
-                        "8", "--train-steps", str(args.train_steps), "--save-checkpoints-steps",
-                        str(args.checkpoint_steps), "--progress-secs", str(PROGRESS_SECS),
-                        "--seed", str(args.seed if seed is None else seed),
-                        "--max-worker-delay-secs", "0",
-                        *ENGINE_TRAINER_FLAGS[engine]]
+        self.command = self._command(data_dir, seed)
         self.runs: list[Run] = []
         self.faults: list[Fault] = []
         self.two_chiefs = 0
         self.started = time.monotonic()
+
+    def _command(self, data_dir: str, seed: int) -> list[str]:
+        launcher = ["--ray", self.world.address] if self.world else []
+        return [sys.executable, "-m", "cifar10_estimator.cluster", *launcher,
+                *ENGINES[self.engine],
+                "--", "--data-dir", data_dir, "--job-dir", self.job_dir,
+                "--num-layers", "8", "--train-batch-size", "8", "--eval-batch-size",
+                "8", "--train-steps", str(self.args.train_steps), "--save-checkpoints-steps",
+                str(self.args.checkpoint_steps), "--progress-secs", str(PROGRESS_SECS),
+                "--seed", str(seed), "--max-worker-delay-secs", "0",
+                *ENGINE_TRAINER_FLAGS[self.engine]]
 
     # --- the runs -------------------------------------------------------------------------
 
@@ -605,7 +639,11 @@ class Job:
 
     def close(self) -> None:
         self._wait_gone()
-        if self.mounted:
+        if self.mounted:  # its logs and records kept, to look into after the campaign
+            shutil.copytree(self.job_dir, os.path.join(self.folder, "job-logs"),
+                            ignore=lambda folder, names: [
+                                n for n in names if not n.endswith((".log", ".json"))
+                                and not os.path.isdir(os.path.join(folder, n))])
             subprocess.run(["umount", "-l", self.job_dir], capture_output=True)
 
     # --- the invariants -------------------------------------------------------------------
@@ -614,7 +652,7 @@ class Job:
         import tensorflow as tf
 
         texts = [run.text() for run in self.runs]
-        if self.world:
+        if self.world and self.world.bucket:
             self.world.job_files(self.job_dir.split("/", 3)[3], self.local_dir)
         job_dir = self.local_dir
         row = {"engine": self.engine, "job": os.path.basename(self.folder),
@@ -708,18 +746,210 @@ class Job:
         return redone, ok
 
 
-def _undisturbed(args, engine, data_dir, work, seed: int,
-                 world: Optional[RayWorld]) -> Optional[float]:
-    job = Job(engine, 0, args, data_dir, work, random.Random(0), args.kinds, disturbed=False,
-              seed=seed, world=world)
+class SweepJob(Job):
+    """A sweep of the ``sweep`` engine: ``cifar10-sweep`` as a user starts it on the Ray world
+    (random draws of the learning rate, ASHA, two trials at a time), its sweep dir a folder
+    both nodes see (a tmpfs of its own for the ``disk`` fault). Its tasks are its trials'
+    trainers, by trial name; its launcher is the sweep's driver. Rerun as a user would: the
+    same command again (after a killed driver, or trials that failed)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trainers: dict[str, dict[int, int]] = {}  # trial -> {pid: start time}
+        self.overlaps: set[tuple[int, int]] = set()
+        self.last_alive: dict[int, float] = {}
+        self._next_scan = 0.0
+
+    def _command(self, data_dir: str, seed: int) -> list[str]:
+        return [sys.executable, "-m", "cifar10_estimator.sweep", "--ray", self.world.address,
+                "--sweep-dir", self.job_dir, "--search", "random",
+                "--num-trials", str(self.args.sweep_trials), "--seed", str(seed),
+                # Learning rates ResNet-8 learns the sample data with, some better than others
+                # (0.25 and 0.41 diverged in a trial run: chance at every seed, no test of it).
+                "--vary", "learning-rate=loguniform:0.003:0.2", "--scheduler", "asha",
+                "--grace-epochs", "1", "--cpus-per-trial", "1", "--max-concurrent", "2",
+                "--", "--data-dir", data_dir, "--num-layers", "8", "--train-batch-size", "8",
+                "--eval-batch-size", "100", "--train-epochs", str(self.args.sweep_epochs),
+                "--progress-secs", str(PROGRESS_SECS), "--seed", str(seed)]
+
+    def _trainers(self) -> list[tuple[int, str]]:
+        """The live trainer processes of this sweep's trials: (pid, trial name)."""
+        mark = b"--job-dir\0" + self.job_dir.encode() + b"/"
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    line = f.read()
+                if b"-m\0cifar10_estimator\0" in line and mark in line:
+                    name = line.split(mark, 1)[1].split(b"\0", 1)[0].decode()
+                    found.append((int(entry), name))
+        return found
+
+    def _refresh(self, run: Run) -> None:
+        now = time.monotonic()
+        if now >= self._next_scan:  # all of /proc: not at every tick
+            self._next_scan = now + SCAN_SECS
+            for pid, name in self._trainers():
+                run.pids[name] = pid
+                self.trainers.setdefault(name, {}).setdefault(pid, _start_time(pid))
+
+    def _count_chiefs(self) -> None:
+        """Per trial, two trainers alive at once: recorded (older, younger) with the time each
+        was last seen alive. The job dir's lock refuses a second trainer at its start, so the
+        younger of such a pair must end first (the trial then runs it again)."""
+        now = time.monotonic()
+        for pids in self.trainers.values():
+            alive = sorted((start, pid) for pid, start in pids.items() if _alive(pid))
+            for _, pid in alive:
+                self.last_alive[pid] = now
+            for (_, older), (_, younger) in zip(alive, alive[1:]):
+                self.overlaps.add((older, younger))
+
+    def _watch_timed(self, run: Run, now: float) -> None:
+        for fault in self.faults:
+            if fault.kind not in TIMED or fault.landed or now > fault.undo_at:
+                continue
+            for name, pid in sorted(run.pids.items()):
+                folder = os.path.join(self.job_dir, name)
+                if fault.kind == "export":
+                    folder = os.path.join(folder, "export")
+                ending = "_temp" if fault.kind == "save" else ".tmp"
+                try:
+                    hit = any(n.endswith(ending) for n in os.listdir(folder))
+                except OSError:
+                    continue
+                if hit and _alive(pid) and _signal(pid, signal.SIGKILL):
+                    fault.landed, fault.at, fault.target = True, now, name
+                    break
+
+    def _trial_dirs(self) -> list[str]:
+        return sorted(n for n in os.listdir(self.job_dir) if n.startswith("trial-")
+                      and os.path.isdir(os.path.join(self.job_dir, n)))
+
+    def check(self, status: int, reference, noise: float = 0.0) -> dict:
+        import tensorflow as tf
+
+        texts = [run.text() for run in self.runs]
+        row = {"engine": self.engine, "job": os.path.basename(self.folder),
+               "minutes": (time.monotonic() - self.started) / 60, "runs": len(self.runs),
+               "faults": collections.Counter(f.kind for f in self.faults
+                                             if f.kind not in TIMED or f.landed)}
+        try:
+            with open(os.path.join(self.job_dir, SWEEP_RECORD)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            record = {}
+        trials = [t for t in record.get("trials", ()) if t.get("in_grid", True)]
+        statuses = collections.Counter(t["status"] for t in trials)
+        row["statuses"] = statuses
+        # end: every trial finished or stopped early, none failed; each finished one at its
+        # last step with its export and report; the best named.
+        planned = self.args.sweep_epochs * self.args.train_records // 8
+        finished, ends, steps = {}, [], []
+        for trial in trials:
+            job = os.path.join(self.job_dir, trial["name"])
+            if trial["status"] != "finished":
+                continue
+            finished[trial["name"]] = trial.get("value")
+            state = tf.train.get_checkpoint_state(job)
+            step = (int(state.model_checkpoint_path.rsplit("-", 1)[1]) if state else -1)
+            steps.append(step)
+            export = os.path.join(job, "export")
+            versions = ([v for v in os.listdir(export) if v.isdigit()]
+                        if os.path.isdir(export) else [])
+            ends.append(step >= planned and bool(versions)
+                        and os.path.exists(os.path.join(job, "eval_report.json")))
+        row["end"] = (status == 0 and len(trials) == self.args.sweep_trials
+                      and set(statuses) <= {"finished", "stopped"} and bool(finished)
+                      and all(ends) and bool(record.get("best")))
+        row["step"] = min(steps, default=-1)
+        # accuracy: the best trial's, within 3 binomial standard errors of the difference of
+        # two accuracies on the evaluation split of the undisturbed sweep's best. (Which trial
+        # is best, and which trials ASHA stops, may differ: its rungs compare the trials in
+        # the order they report, which faults change. And a trial near the learning rates
+        # that diverge ends far from its undisturbed self on any resume, as another seed.)
+        row["accuracy"] = finished.get(record.get("best"))
+        row["accuracies"] = finished
+        best = max((a for a in (reference or {}).values() if a is not None), default=None) \
+            if isinstance(reference, dict) else None
+        row["far"] = []
+        if best is None or row["accuracy"] is None:
+            row["accuracy ok"] = row["accuracy"] is not None
+        else:
+            bound = 3 * math.sqrt(2 * best * (1 - best) / self.args.eval_records)
+            row["accuracy ok"] = abs(row["accuracy"] - best) <= bound + 1e-9
+            if not row["accuracy ok"]:
+                row["far"] = [f"best {row['accuracy']:.4f} against {best:.4f} (+-{bound:.4f})"]
+        # checkpoints, in every trial's job dir
+        broken = []
+        for name in self._trial_dirs():
+            job = os.path.join(self.job_dir, name)
+            for file in sorted(os.listdir(job)):
+                if file.startswith("model.ckpt-") and file.endswith(".index"):
+                    try:
+                        reader = tf.train.load_checkpoint(os.path.join(job, file[:-6]))
+                        for variable in reader.get_variable_to_shape_map():
+                            reader.get_tensor(variable)
+                    except Exception as e:  # noqa: BLE001  (what is broken is the finding)
+                        broken.append(f"{name}/{file}: {str(e).splitlines()[0]}")
+        row["checkpoints ok"], row["broken"] = not broken, broken
+        # one trainer per trial: of two alive at once, the younger ended first (refused)
+        bad = [(o, y) for o, y in self.overlaps
+               if self.last_alive.get(y, 0) > self.last_alive.get(o, 0) + SCAN_SECS]
+        row["one chief"], row["two trainers"] = not bad, bad
+        # redone: a trial's trainer resumes from its last checkpoint, at most an epoch back;
+        # each trial's log holds only its last trainer's lines, so it is not measured here.
+        row["redone"], row["redone ok"] = [], True
+        # left
+        left = self._left()
+        temps = []
+        for name in self._trial_dirs():
+            job = os.path.join(self.job_dir, name)
+            temps += [f"{name}/{n}" for n in os.listdir(job) if n.endswith("_temp")]
+            export = os.path.join(job, "export")
+            temps += [f"{name}/export/{n}" for n in (os.listdir(export) if os.path.isdir(
+                export) else []) if n.endswith(".tmp")]
+        row["left ok"], row["left"] = not left and not temps, left + temps
+        # quiet: the driver's output and every trial's log
+        logs = []
+        for name in self._trial_dirs():
+            with contextlib.suppress(OSError):
+                with open(os.path.join(self.job_dir, name, "trial.log"), errors="replace") as f:
+                    logs.append(f.read())
+        stray = [line for text in texts + logs for line in text.splitlines()
+                 if "Traceback" in line or "Exception in thread" in line
+                 or ERROR_LINE.match(line)]
+        row["quiet ok"], row["stray"] = not stray, stray[:5]
+        row["held"] = all(row[k] for k in ("end", "accuracy ok", "checkpoints ok", "one chief",
+                                           "redone ok", "left ok", "quiet ok"))
+        return row
+
+
+def _start_time(pid: int) -> int:
+    """A process's start time, in clock ticks since boot (proc(5), stat's 22nd field)."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    return 0
+
+
+JOBS = {"sweep": SweepJob}  # the engines whose jobs are not Job's
+
+
+def _undisturbed(args, engine, data_dir, work, seed: int, world: Optional[RayWorld]):
+    """An undisturbed job's final accuracy (a sweep's: its finished trials', by name)."""
+    job = JOBS.get(engine, Job)(engine, 0, args, data_dir, work, random.Random(0), args.kinds,
+                                disturbed=False, seed=seed, world=world)
     try:
         status = job.run(time.monotonic() + 3600)
         row = job.check(status, None)
     finally:
         job.close()
     print(f"{engine}: undisturbed job, seed {seed}: exit {status}, accuracy "
-          f"{row['accuracy']}, {row['minutes']:.1f} min", flush=True)
-    return row["accuracy"]
+          f"{row.get('accuracies', row['accuracy'])}, {row['minutes']:.1f} min", flush=True)
+    return row.get("accuracies", row["accuracy"])
 
 
 def _reference(args, engine, data_dir, work, world: Optional[RayWorld]
@@ -728,10 +958,13 @@ def _reference(args, engine, data_dir, work, world: Optional[RayWorld]
     from it by: the largest difference from it of undisturbed jobs at ``--noise-seeds`` other
     seeds (a job resumed from a checkpoint reads its pictures in another order from there, as
     another seed would), else 3 binomial standard errors of the difference of two accuracies
-    on the evaluation split (the evaluation's own noise alone)."""
+    on the evaluation split (the evaluation's own noise alone). A sweep's: its finished
+    trials' accuracies, each the reference of the same trial (``SweepJob.check``)."""
     if args.no_reference:
         return None, 0.0
     reference = _undisturbed(args, engine, data_dir, work, args.seed, world)
+    if engine == "sweep":
+        return reference, 0.0
     others = [_undisturbed(args, engine, data_dir, work, args.seed + k, world)
               for k in range(1, args.noise_seeds + 1)]
     others = [a for a in others if a is not None]
@@ -785,7 +1018,7 @@ def _table(rows: list[dict]) -> None:
             cells.append(str(value))
         print("| " + " | ".join(cells) + " |")
     for row in rows:
-        for key in ("broken", "left", "stray"):
+        for key in ("broken", "left", "stray", "far", "two trainers"):
             if row.get(key):
                 print(f"{row['job']}: {key}: {row[key]}")
 
@@ -803,7 +1036,12 @@ def main() -> int:
                         help="seconds a stop, a cut link or a full disk lasts: LOW,HIGH")
     parser.add_argument("--train-steps", type=int, default=3000)
     parser.add_argument("--checkpoint-steps", type=int, default=200)
-    parser.add_argument("--disk-mb", type=int, default=64)
+    parser.add_argument("--disk-mb", type=int, default=64,
+                        help="the size of a job dir's tmpfs (a sweep's: per trial)")
+    parser.add_argument("--sweep-trials", type=int, default=6,
+                        help="the sweep engine's trials, drawn at --seed")
+    parser.add_argument("--sweep-epochs", type=int, default=3,
+                        help="the sweep engine's trials' epochs (ASHA's rungs at 1 and 3)")
     parser.add_argument("--reruns", type=int, default=20,
                         help="times a job's command is run again before it counts as failed")
     parser.add_argument("--overrun", type=float, default=900,
@@ -824,14 +1062,15 @@ def main() -> int:
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         parser.error(f"--engines: unknown {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
-    if "ray" in engines:
-        import importlib.util
+    import importlib.util
 
-        lacking = [m for m in ("ray", "moto", "boto3", "tensorflow_io")
-                   if importlib.util.find_spec(m) is None]
-        if lacking:
-            parser.error(f"--engines ray: this Python lacks {', '.join(lacking)}: run it with "
-                         f"TensorFlow 2.15's (pip install -e '.[test,s3,ray]')")
+    for engine, needs, how in (
+            ("ray", ("ray", "moto", "boto3", "tensorflow_io"),
+             "run it with TensorFlow 2.15's (pip install -e '.[test,s3,ray]')"),
+            ("sweep", ("ray",), "pip install -e '.[test,ray]'")):
+        lacking = [m for m in needs if importlib.util.find_spec(m) is None]
+        if engine in engines and lacking:
+            parser.error(f"--engines {engine}: this Python lacks {', '.join(lacking)}: {how}")
     work = args.work_dir or tempfile.mkdtemp(prefix="c10chaos.")
     kinds = []
     print_machine_line()
@@ -846,22 +1085,26 @@ def main() -> int:
     args.kinds = tuple(kinds)
     data_dir = make_sample_records(work)
     with open(os.path.join(data_dir, METADATA)) as f:
-        args.eval_records = json.load(f)["counts"]["eval"]
+        counts = json.load(f)["counts"]
+    args.eval_records, args.train_records = counts["eval"], counts["train"]
     print(f"seed {args.seed}; faults from {', '.join(args.kinds)} every {args.gap[0]:g}-"
           f"{args.gap[1]:g} s; ResNet-8, {args.train_steps} steps, a checkpoint every "
-          f"{args.checkpoint_steps}; {args.eval_records} evaluation pictures", flush=True)
+          f"{args.checkpoint_steps} (a sweep: {args.sweep_trials} trials of "
+          f"{args.sweep_epochs} epochs, a checkpoint an epoch); {args.eval_records} "
+          f"evaluation pictures", flush=True)
     rows, worlds = [], []
     try:
         for engine in engines:
-            world = RayWorld(work, data_dir) if engine == "ray" else None
+            world = (RayWorld(work, data_dir, bucket=engine == "ray")
+                     if engine in ("ray", "sweep") else None)
             worlds.append(world)
             reference, noise = _reference(args, engine, data_dir, work, world)
             rng = random.Random(f"{args.seed}-{engine}")
             deadline = time.monotonic() + args.minutes * 60
             number = 1
             while time.monotonic() < deadline:
-                job = Job(engine, number, args, data_dir, work, rng, args.kinds, True,
-                          world=world)
+                job = JOBS.get(engine, Job)(engine, number, args, data_dir, work, rng,
+                                            args.kinds, True, world=world)
                 try:
                     status = job.run(deadline)
                     row = job.check(status, reference, noise)
