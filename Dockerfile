@@ -17,7 +17,8 @@ ARG EXTRAS=""
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY cifar10_estimator ./cifar10_estimator
-RUN pip install --no-cache-dir ".${EXTRAS}" && rm -rf /src
+COPY tf-estimator-compat ./tf-estimator-compat
+RUN pip install --no-cache-dir ./tf-estimator-compat ".${EXTRAS}" && rm -rf /src
 
 # Root, as the manifest's volume expects; with a securityContext of your own, the user needs
 # write access to the volume and a home (the precision probes cache there, in ~/.cache).

@@ -1,8 +1,8 @@
 """Train, evaluate and serve CIFAR-10 classifiers (a ResNet, or the original tutorial's CNN)
 with tf.estimator.
 
-Six foundations every layer may use (``errors``, ``cli``, ``storage``, ``logs``,
-``estimator_compat``, ``engines``: the managed engines' conventions), then the settings' home,
+Five foundations every layer may use (``errors``, ``cli``, ``storage``, ``logs``, ``engines``:
+the managed engines' conventions), then the settings' home,
 the subpackages along the data's path up to the training loop, and the rooms that outlive one
 trainer process; each imports only from those before it:
 
@@ -32,8 +32,9 @@ The top-level modules beside them are the commands (``train``/``__main__``, ``ge
 ``predict``, ``evaluate``, ``convert``, ``demo``, ``cluster``, ``sweep``).
 docs/architecture.md draws the cut.
 Importing the package is cheap: nothing here imports TensorFlow, and nothing changes the
-import system. ``estimator_compat``, which lets ``tf.estimator`` load on TensorFlow 2.16 and
-newer, is installed by a process's set-up (``platform.process.prepare_process``).
+import system. The estimator layer, which lets ``tf.estimator`` load on TensorFlow 2.16 and
+newer (``tf_estimator_compat``, a distribution of its own in ``tf-estimator-compat/``), is
+installed by a process's set-up (``platform.process.prepare_process``).
 """
 
 __version__ = "0.1.0"

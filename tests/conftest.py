@@ -29,8 +29,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import tf_estimator_compat
 
-from cifar10_estimator import estimator_compat
 from cifar10_estimator.data import pickles, schema
 from cifar10_estimator.platform import cpu
 
@@ -41,7 +41,7 @@ cpu.prefer_onednn(os.environ)
 # And with tf.estimator's compatibility layer, which the command lines' set-up installs
 # (platform.process.prepare_process; the rest of that set-up would reach the processes the
 # tests start, which run their own). Before anything below imports the estimator.
-estimator_compat.install()
+tf_estimator_compat.install()
 # Two logical CPU devices in the suite's own TensorFlow runtime, set before it starts: the
 # tests that run a mirrored strategy in this process place their replicas there.
 from cifar10_estimator.model import towers  # noqa: E402

@@ -16,7 +16,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # Lower layers never import higher ones: the foundations, then the settings, then the
 # subpackages along the data's path up to the training loop, then the rooms that launch
 # tasks and run sweeps of them, then the commands (docs/architecture.md).
-FOUNDATIONS = ("errors", "cli", "storage", "logs", "estimator_compat", "engines")
+FOUNDATIONS = ("errors", "cli", "storage", "logs", "engines")
 SUBPACKAGES = ("config", "data", "model", "serving", "platform", "jobdir", "task",
                "evaluation", "training", "launch", "sweeps")
 LAYERS = {**{name: 0 for name in FOUNDATIONS},
@@ -185,8 +185,8 @@ def test_the_training_loop_reaches_at_most_eight_modules_outside_training():
 
 # What TensorFlow's Estimator calls back: session hooks, checkpoint listeners, exporters, and
 # the model_fn's EstimatorSpec. They live in one room, training/estimator/ (docs/architecture.md),
-# so that a release that changes Estimator's contracts has one room to open beside
-# estimator_compat.
+# so that a release that changes Estimator's contracts has one room to open beside the estimator
+# layer (tf-estimator-compat/).
 CALLBACK_BASES = ("SessionRunHook", "CheckpointSaverHook", "CheckpointSaverListener", "Exporter")
 
 
@@ -331,14 +331,14 @@ def test_no_two_modules_share_a_base_name_and_no_public_class_is_defined_twice()
     assert {c: m for c, m in classes.items() if len(m) > 1} == {}
 
 
-def test_estimator_itself_is_named_only_in_its_room_and_the_compatibility_layer():
+def test_estimator_itself_is_named_only_in_its_room():
     # RunConfig, the specs, train_and_evaluate, the evaluator's Estimator.evaluate loop, ModeKeys:
-    # the next TensorFlow that changes Estimator has training/estimator/ and estimator_compat
-    # to open (docs/architecture.md).
+    # the next TensorFlow that changes Estimator has training/estimator/ and the estimator
+    # layer (tf-estimator-compat/) to open (docs/architecture.md).
     room = f"{PACKAGE}.training.estimator"
     found = []
     for module, path in sorted(MODULES.items()):
-        if module.startswith(room) or module == f"{PACKAGE}.estimator_compat":
+        if module.startswith(room):
             continue
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, ast.Attribute) and node.attr == "estimator" and (

@@ -20,10 +20,11 @@ pytestmark = pytest.mark.slow  # it trains
 CALLER = r"""
 import json, logging, os, signal, sys, threading, warnings
 
-from cifar10_estimator import estimator_compat, train
+import tf_estimator_compat as layer
+from cifar10_estimator import train
 
 args = json.loads(sys.argv[1])
-layer_before = estimator_compat.installed()  # importing the trainer does not install it
+layer_before = layer.installed()  # importing the trainer does not install it
 
 def on_term(signum, frame):
     pass
@@ -79,8 +80,8 @@ out["main_installed"] = seen_during
 import tensorflow as tf
 # The run's set-up installed tf.estimator's compatibility layer, which stays (from 2.16 on; on
 # 2.15 it leaves once TensorFlow has loaded, with nothing to supply).
-out["layer"] = [layer_before, estimator_compat.installed(),
-                estimator_compat.release(tf.__version__) > estimator_compat.COMPLETE]
+out["layer"] = [layer_before, layer.installed(),
+                layer.release(tf.__version__) > layer.COMPLETE]
 print(json.dumps(out))
 """
 

@@ -12,8 +12,9 @@ first, and only where the user has not (their value wins):
   it bundles and fails ("Keras cannot be imported"). Ray sets the variable in every worker
   (docs/distributed.md, "Engines"); the package itself uses no Keras.
 
-Then it installs ``estimator_compat`` (``tf.estimator`` on TensorFlow 2.16 and newer, behind its
-version gate), for the process's life: the estimator modules loaded through it keep needing it.
+Then it installs the estimator layer (``tf_estimator_compat``, a distribution of this
+repository's own: ``tf.estimator`` on TensorFlow 2.16 and newer, behind its version gate), for
+the process's life: the estimator modules loaded through it keep needing it.
 Importing the package changes no import machinery; this set-up is where a process opts in.
 
 Library code never calls this: it changes process-wide state. ``train.run``, the trainer's
@@ -25,7 +26,8 @@ process (oneDNN on or off; see docs/training.md, "From Python").
 import importlib.util
 from typing import Mapping, MutableMapping, Optional
 
-from cifar10_estimator import estimator_compat
+import tf_estimator_compat
+
 from cifar10_estimator.logs import CPP_LOG_LEVEL_ENV
 from cifar10_estimator.platform import cpu
 
@@ -38,7 +40,7 @@ def prepare_process(environ: MutableMapping[str, str], cpp_log_level: str = "2"
                     ) -> dict[str, tuple[str, Optional[str]]]:
     """Sets, where the user has not, oneDNN on and TensorFlow's C++ log level (2: errors
     only; 3: none), and legacy Keras off where it cannot load, before TensorFlow loads, and
-    installs ``estimator_compat``; returns the variables it set: name -> (the value set, the
+    installs ``tf_estimator_compat``; returns the variables it set: name -> (the value set, the
     value before or None)."""
     before = {name: environ.get(name) for name in (cpu.ONEDNN_ENV, CPP_LOG_LEVEL_ENV,
                                                    LEGACY_KERAS_ENV)}
@@ -47,7 +49,7 @@ def prepare_process(environ: MutableMapping[str, str], cpp_log_level: str = "2"
     if (environ.get(LEGACY_KERAS_ENV, "").lower() in _ON
             and importlib.util.find_spec("tf_keras") is None):
         environ[LEGACY_KERAS_ENV] = "0"
-    estimator_compat.install()
+    tf_estimator_compat.install()
     return {name: (environ[name], value) for name, value in before.items()
             if name in environ and environ[name] != value}
 

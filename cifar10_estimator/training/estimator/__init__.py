@@ -8,7 +8,7 @@ session runs (``progress``, ``preemption_hooks``, ``fence``, ``precise_bn``,
 RunConfig, the Estimator, the specs and the ``train_and_evaluate`` call (``specs``), and an
 evaluator task's loop of ``Estimator.evaluate`` calls (``evaluate_loop``). When a TensorFlow
 release changes what Estimator calls or how, this room and the compatibility layer
-(``estimator_compat``) are the two places to open; the rooms below it reach the model through
+(``tf_estimator_compat``, ``tf-estimator-compat/``) are the two places to open; the rooms below it reach the model through
 ``model.model_settings`` and know nothing of Estimator, and the driver above
 (``training.driver``) hands these parts a started task.
 """

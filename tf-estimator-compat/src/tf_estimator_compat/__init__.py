@@ -4,7 +4,7 @@
 TensorFlow 2.16 dropped the estimator, and with it four things the estimator's 2.15.0 code
 imports or reads (TensorFlow 2.15's sources have each; ``git log`` of tensorflow/tensorflow
 shows them removed before the 2.16 branch). Everything else the estimator imports from
-TensorFlow's private modules still resolves up to 2.21 (``tests/test_estimator_compat.py``
+TensorFlow's private modules still resolves up to 2.21 (``tests/test_layer.py``
 checks every one of those imports, so a release that removes one more fails by name):
 
 1. ``tensorflow.python.distribute.estimator_training``: imported by the estimator's
@@ -29,20 +29,21 @@ checks every one of those imports, so a release that removes one more fails by n
 ``install`` puts one import finder first on ``sys.meta_path``. It supplies the modules of 1 and
 2 only when no other finder has them, and it patches 3 and 4 right after ``tensorflow`` itself
 has loaded (or at once, if it already has), only where they are missing. It imports nothing
-itself, so it may run before TensorFlow loads. Nothing calls it on import: a process's set-up
-does (``platform.process.prepare_process``, which every command and ``train.run`` call before
-TensorFlow loads), since it changes the import system of the whole process; importing any
-module of the package leaves ``sys.meta_path`` as it was.
+itself, so it may run before TensorFlow loads. Nothing calls it on import: a program does,
+once, before or after it imports TensorFlow, since it changes the import system of the whole
+process; importing this package leaves ``sys.meta_path`` as it was. For a program one cannot
+edit, the distribution installs a start hook, ``AT_START_FILE`` in site-packages, that calls
+``install`` as the interpreter starts when the variable ``AT_START_VARIABLE`` is ``1`` (off
+otherwise: it then imports nothing).
 
 Its version gate reads ``tf.__version__`` once TensorFlow has loaded (whichever distribution
 brought it): on 2.15, which has every piece, the finder takes itself out and patches nothing;
 on 2.16 to ``NEWEST_TESTED`` it patches; on a newer release it patches all the same, and logs
 one warning naming the release when the estimator first loads through it (not when TensorFlow
-loads: the commands import TensorFlow with stderr silenced, ``logs.import_tensorflow_quietly``).
-It warns rather than refuses: ``pyproject.toml`` caps TensorFlow below the next release, so a
-newer one is there because its user lifted the cap to try it, and the pieces are supplied only
-where missing (``tests/test_estimator_compat.py`` names each private name the layer uses, for
-that user to read a failure by).
+loads, which a program may do with its log silenced). It warns rather than refuses: the
+distribution caps TensorFlow below the next release, so a newer one is there because its user
+lifted the cap to try it, and the pieces are supplied only where missing (the tests name each
+private name the layer uses, for that user to read a failure by).
 """
 
 import copy
@@ -55,8 +56,9 @@ from typing import Any, Optional, Sequence
 
 log = logging.getLogger(__name__)
 
-# The newest TensorFlow (major, minor) the whole suite passed on (docs/versions.md); the cap in
-# pyproject.toml is the release after it (tests/test_estimator_compat.py checks the two agree).
+# The newest TensorFlow (major, minor) the estimator's own suite passed on with the layer (the
+# README's table); the cap in pyproject.toml is the release after it (tests/test_layer.py checks
+# the two agree).
 NEWEST_TESTED = (2, 21)
 # The last release that ships every piece (and tf.estimator itself): nothing to supply.
 COMPLETE = (2, 15)
@@ -69,6 +71,11 @@ _API_ATTRS_V1 = ("_estimator_api_names_v1", "_estimator_api_constants_v1")
 # tensorflow/_api/v2/compat/v{1,2}/__init__.py).
 _ESTIMATOR_API_V1 = "tensorflow_estimator.python.estimator.api._v1.estimator"
 _ESTIMATOR_API_V2 = "tensorflow_estimator.python.estimator.api._v2.estimator"
+
+# The start hook (the module docstring): a .pth file the wheel puts in site-packages, whose one
+# line calls install() when this variable is "1" (tests/test_layer.py checks the file says so).
+AT_START_FILE = "tf_estimator_compat_at_start.pth"
+AT_START_VARIABLE = "TF_ESTIMATOR_COMPAT"
 
 COORDINATOR_MODULE = "tensorflow.python.distribute.estimator_training"
 TPU_MODULES = tuple(f"tensorflow.python.tpu.{name}" for name in
@@ -122,8 +129,8 @@ def _warn_if_untested(version: str) -> None:
     if release(version) > NEWEST_TESTED and not _warned:
         _warned = True
         log.warning("TensorFlow %s is newer than %d.%d, the newest release tf.estimator was "
-                    "tested on here: the compatibility layer is installed all the same, and "
-                    "docs/versions.md says what was tried", version, *NEWEST_TESTED)
+                    "tested with tf-estimator-compat: the layer is installed all the same, and "
+                    "its README says what was tried", version, *NEWEST_TESTED)
 
 
 class _Supplier(importlib.abc.MetaPathFinder):
@@ -179,13 +186,13 @@ class _SuppliedModule(importlib.abc.Loader):
         if module.__name__ == COORDINATOR_MODULE:
             # The estimator's own modules import this one first: the estimator is loading.
             _warn_if_untested(getattr(sys.modules.get("tensorflow"), "__version__", "?"))
-            module.__doc__ = "Supplied by cifar10_estimator.estimator_compat (removed in TF 2.16)."
+            module.__doc__ = "Supplied by tf_estimator_compat (removed in TF 2.16)."
             module.init_run_config = _init_run_config
             module.should_run_distribute_coordinator = _should_run_distribute_coordinator
             module.train_and_evaluate = _train_and_evaluate
             module.estimator_train = module.estimator_evaluate = _refuse_standalone_client
         else:
-            module.__doc__ = "Refusing stand-ins from cifar10_estimator.estimator_compat."
+            module.__doc__ = "Refusing stand-ins from tf_estimator_compat."
             module.__getattr__ = _tpu_stand_in(module.__name__)
 
 
