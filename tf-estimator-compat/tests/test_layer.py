@@ -82,6 +82,26 @@ def test_what_the_layer_supplies_on_this_tensorflow():
                                                               "inputs")
 
 
+def test_a_symbol_the_estimator_exports_is_known_by_its_estimator_names():
+    # What tensorflow/estimator's estimator_export_test.py asks (testExportClassInEstimator),
+    # and what TensorFlow's API tools read.
+    from tensorflow.python.util import tf_export
+    from tensorflow_estimator.python.estimator import estimator_export
+
+    class Exported:
+        pass
+
+    estimator_export.estimator_export("estimator.Exported")(Exported)
+    assert "_tf_api_names" not in Exported.__dict__
+    assert tf_export.get_v1_names(Exported) == ["estimator.Exported"]
+    assert tf_export.get_v2_names(Exported) == ["estimator.Exported"]
+    assert tf_export.get_v2_names(tf.estimator.Estimator) == ["estimator.Estimator"]
+    assert tf_export.get_v1_names(tf.compat.v1.estimator.Estimator) == ["estimator.Estimator"]
+    # TensorFlow's own symbols answer as before, once (the patch is not applied twice).
+    layer._patch_tensorflow(tf)
+    assert tf_export.get_v2_names(tf.constant) == ["constant"]
+
+
 @pytest.mark.skipif(not REMOVED, reason="TensorFlow 2.15 has its own TPU modules")
 def test_a_tpu_piece_refuses_in_one_line():
     from tensorflow.python.tpu import session_support, tpu_embedding

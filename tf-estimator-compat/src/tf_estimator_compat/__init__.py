@@ -22,7 +22,11 @@ checks every one of those imports, so a release that removes one more fails by n
    refuses in one line when used (``TPUUnavailable``).
 3. ``tf_export.ESTIMATOR_API_NAME`` and the ``estimator`` entries of ``tf_export.API_ATTRS`` and
    ``API_ATTRS_V1``: ``estimator_export``, the decorator on every public estimator symbol,
-   exports under that API name.
+   exports under that API name. And the estimator's names in what ``tf_export.get_v1_names``
+   and ``get_v2_names`` answer: TensorFlow 2.15's read the estimator's attributes beside
+   TensorFlow's and Keras's, 2.16's no longer do (the estimator's own
+   ``estimator_export_test.py`` asks them), so the layer's add the estimator's names of a
+   symbol to what TensorFlow's answer, where they lack them.
 4. The attributes ``tf.estimator``, ``tf.compat.v1.estimator`` and ``tf.compat.v2.estimator``:
    TensorFlow's ``__init__`` attached them lazily (``LazyLoader``), as they are attached here.
 
@@ -47,6 +51,7 @@ private name the layer uses, for that user to read a failure by).
 """
 
 import copy
+import functools
 import importlib.abc
 import logging
 import re
@@ -197,7 +202,8 @@ class _SuppliedModule(importlib.abc.Loader):
 
 
 def _patch_tensorflow(tf: types.ModuleType) -> None:
-    """Pieces 3 and 4 of the module docstring, where this TensorFlow lacks them."""
+    """Pieces 3 and 4 of the module docstring, where this TensorFlow lacks them (once: a
+    second call finds them there)."""
     from tensorflow.python.util import lazy_loader, tf_export
 
     if not hasattr(tf_export, "ESTIMATOR_API_NAME"):
@@ -212,6 +218,26 @@ def _patch_tensorflow(tf: types.ModuleType) -> None:
         if ESTIMATOR_API_NAME not in vars(holder):
             setattr(holder, ESTIMATOR_API_NAME,
                     lazy_loader.LazyLoader(ESTIMATOR_API_NAME, vars(holder), api))
+
+    for getter, names_attribute in (("get_v1_names", _API_ATTRS_V1[0]),
+                                    ("get_v2_names", _API_ATTRS[0])):
+        original = getattr(tf_export, getter)
+        if not getattr(original, "_with_estimator_names", False):
+            setattr(tf_export, getter, _with_estimator_names(original, names_attribute))
+
+
+def _with_estimator_names(get_names, names_attribute: str):
+    """``tf_export``'s ``get_v1_names`` or ``get_v2_names``, whose answer also holds the
+    symbol's estimator names (its attribute ``names_attribute``) where it lacked them."""
+
+    @functools.wraps(get_names)
+    def names(symbol: Any) -> list:
+        found = list(get_names(symbol))
+        own = getattr(symbol, "__dict__", {}).get(names_attribute, ())
+        return found + [name for name in own if name not in found]
+
+    names._with_estimator_names = True
+    return names
 
 
 # Piece 1: the distribute coordinator's road for Estimator, as TF 2.15 had it.
