@@ -1,0 +1,189 @@
+"""Runs tensorflow/estimator's own tests (release 2.15.0, one file per module) on this
+Python's TensorFlow, with the layer installed, and records the counts per file; or renders the
+records of several releases side by side as a table.
+
+The tests are the 68 files of tensorflow/estimator at v2.15.0, flattened into one folder
+(this repository's reference copy is ``../shared/estimator-tests``, with its license). Each
+file runs in a pytest process of its own, in a temporary folder of its own (some write files
+into the working folder), with the layer installed at the interpreter's start
+(``TF_ESTIMATOR_COMPAT=1``, the distribution's start hook: every process the tests start
+gets it too) and ``TF_USE_LEGACY_KERAS=1`` where tf-keras is installed:
+
+    python tools/run_suite.py run --tests ../shared/estimator-tests --out tf2.21-py3.11.json
+    python tools/run_suite.py run --tests DIR --files 'canned_linear_*' --out part.json
+    python tools/run_suite.py table tf2.15-py3.11.json tf2.21-py3.11.json > docs/suite.md
+
+A record holds the TensorFlow, Python, Keras and estimator versions, and per file the passed,
+failed, errored and skipped tests, the seconds it took, each failure's name and first line, and
+whether the file timed out (``--timeout``). ``table`` compares each record with the first: a
+file whose counts differ is marked, and its failures are listed under the table.
+"""
+
+import argparse
+import fnmatch
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from typing import Optional, Sequence
+
+# The distribution's start hook installs the layer when this is "1" (tf_estimator_compat).
+AT_START_VARIABLE = "TF_ESTIMATOR_COMPAT"
+COUNTS = ("passed", "failed", "errors", "skipped")
+
+
+def _versions() -> dict:
+    """The versions a record is of, read in a process of its own (this one loads nothing)."""
+    probe = ("import json, platform, importlib.metadata as m, tensorflow as tf; "
+             "print(json.dumps({'tensorflow': tf.__version__, 'python': "
+             "platform.python_version(), 'estimator': m.version('tensorflow-estimator'), "
+             "'keras': getattr(tf.keras, '__name__', '?') + ' ' + "
+             "getattr(tf.keras, '__version__', '?')}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=_env(), timeout=300)
+    if done.returncode != 0:
+        sys.exit(f"run_suite.py: error: TensorFlow and the estimator do not load in "
+                 f"{sys.executable}: {''.join(done.stderr.strip().splitlines()[-1:])}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _env() -> dict:
+    env = {**os.environ, AT_START_VARIABLE: "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_CONFIG", None)
+    if importlib.util.find_spec("tf_keras") is not None:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+def _counts(report: str) -> dict:
+    """Counts and failures from pytest's JUnit XML report."""
+    result = {name: 0 for name in COUNTS}
+    result["failures"] = []
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name')}"
+        outcome = next((child for child in case if child.tag in ("failure", "error",
+                                                                   "skipped")), None)
+        if outcome is None:
+            result["passed"] += 1
+        elif outcome.tag == "skipped":
+            result["skipped"] += 1
+        else:
+            result["failed" if outcome.tag == "failure" else "errors"] += 1
+            first = (outcome.get("message") or outcome.text or "").strip().splitlines()
+            result["failures"].append(f"{name}: {first[0][:300] if first else outcome.tag}")
+    return result
+
+
+def run_file(path: str, timeout: float) -> dict:
+    """One test file in a pytest process of its own, in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="estimator-suite-") as folder:
+        shutil.copy(path, folder)
+        report = os.path.join(folder, "report.xml")
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                 "-o", "addopts=", f"--junitxml={report}", os.path.basename(path)],
+                cwd=folder, env=_env(), capture_output=True, text=True, timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            done, timed_out = None, True
+        seconds = round(time.monotonic() - started, 1)
+        if os.path.exists(report):
+            result = _counts(report)
+        else:  # killed, or the file did not even collect
+            result = {**{name: 0 for name in COUNTS}, "errors": 1, "failures": [
+                f"{os.path.basename(path)}: " + ("timed out" if timed_out else
+                                                 (done.stdout + done.stderr).strip()
+                                                 .splitlines()[-1][:300])]}
+    return {**result, "seconds": seconds, "timed_out": timed_out}
+
+
+def run(tests: str, files: Sequence[str], out: str, timeout: float) -> None:
+    names = sorted(n for n in os.listdir(tests) if n.endswith("_test.py"))
+    if files:
+        names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in files)]
+    if not names:
+        sys.exit(f"run_suite.py: error: no test file in {tests} matches {' '.join(files)}")
+    record = {**_versions(), "machine": platform.machine(), "files": {}}
+    for name in names:
+        record["files"][name] = run_file(os.path.join(tests, name), timeout)
+        counts = record["files"][name]
+        print(f"{name}: " + ", ".join(f"{counts[c]} {c}" for c in COUNTS if counts[c])
+              + f" ({counts['seconds']:.0f} s)", flush=True)
+        # Written after every file: a long run that is stopped keeps what it measured.
+        temporary = out + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(temporary, out)
+    totals = {c: sum(f[c] for f in record["files"].values()) for c in COUNTS}
+    print("all: " + ", ".join(f"{n} {c}" for c, n in totals.items()))
+
+
+def _cell(counts: Optional[dict]) -> str:
+    if counts is None:
+        return "-"
+    text = f"{counts['passed']} / {counts['failed'] + counts['errors']} / {counts['skipped']}"
+    return text + (" (timed out)" if counts.get("timed_out") else "")
+
+
+def table(records: Sequence[str]) -> None:
+    loaded = []
+    for path in records:
+        try:
+            with open(path) as f:
+                loaded.append(json.load(f))
+        except (OSError, ValueError) as e:
+            sys.exit(f"run_suite.py: error: {path} cannot be read as a record ({e})")
+    heads = [f"TF {r['tensorflow']}, Python {r['python']}" for r in loaded]
+    print("| file | " + " | ".join(heads) + " |")
+    print("|---|" + "---|" * len(loaded))
+    names = sorted({n for r in loaded for n in r["files"]})
+    differing = []
+    for name in names:
+        cells = [loaded[0]["files"].get(name)] + [r["files"].get(name) for r in loaded[1:]]
+        shown = [_cell(cells[0])]
+        for counts in cells[1:]:
+            same = counts is not None and cells[0] is not None and all(
+                counts[c] == cells[0][c] for c in COUNTS)
+            shown.append(_cell(counts) if same or counts is None else f"**{_cell(counts)}**")
+            if counts is not None and not same:
+                differing.append((name, counts))
+        print(f"| `{name}` | " + " | ".join(shown) + " |")
+    totals = [{c: sum(f[c] for f in r["files"].values()) for c in COUNTS} for r in loaded]
+    print("| all | " + " | ".join(_cell(t) for t in totals) + " |")
+    print("\nEach cell: passed / failed or errored / skipped. In bold: counts that differ from "
+          "the first column's.")
+    for name, counts in differing:
+        for failure in counts["failures"]:
+            print(f"- `{name}`: {failure}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    runner = commands.add_parser("run", help="run the tests, write a record")
+    runner.add_argument("--tests", required=True, help="the folder of the 68 test files")
+    runner.add_argument("--files", nargs="*", default=[], help="glob patterns of file names")
+    runner.add_argument("--out", required=True, help="the record (JSON) to write")
+    runner.add_argument("--timeout", type=float, default=3600,
+                        help="seconds a file may run before it counts as timed out")
+    tabler = commands.add_parser("table", help="records side by side, as Markdown")
+    tabler.add_argument("records", nargs="+", help="records; the first is the reference")
+    args = parser.parse_args()
+    if args.command == "run":
+        if not os.path.isdir(args.tests):
+            parser.error(f"--tests {args.tests}: not a folder")
+        run(args.tests, args.files, args.out, args.timeout)
+    else:
+        table(args.records)
+
+
+if __name__ == "__main__":
+    main()
