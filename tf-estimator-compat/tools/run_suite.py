@@ -87,10 +87,13 @@ def run_file(path: str, timeout: float) -> dict:
         report = os.path.join(folder, "report.xml")
         started = time.monotonic()
         try:
+            # pytest's options through its variable, not the command line: tests that use
+            # absl's flags parse sys.argv, and refuse what they do not know ("-q").
+            options = f"-q -p no:cacheprovider -o addopts= --junitxml={report}"
             done = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                 "-o", "addopts=", f"--junitxml={report}", os.path.basename(path)],
-                cwd=folder, env=_env(), capture_output=True, text=True, timeout=timeout)
+                [sys.executable, "-m", "pytest", os.path.basename(path)], cwd=folder,
+                env={**_env(), "PYTEST_ADDOPTS": options}, capture_output=True, text=True,
+                timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             done, timed_out = None, True
