@@ -162,13 +162,24 @@ def wait_until_gone(tasks: Mapping[str, str], timeout_secs: float) -> list[str]:
     return sorted(waiting)
 
 
-def _listens(address: str) -> bool:
+_LISTENS, _REFUSED, _SILENT = "listens", "refused", "silent"
+
+
+def _answer(address: str) -> str:
+    """What a TCP connection to ``address`` meets: a listener, a refusal (nothing listens
+    there), or neither in ``_POLL_SECS`` (a name that does not resolve, a silent host)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=_POLL_SECS):
-            return True
+            return _LISTENS
+    except ConnectionRefusedError:
+        return _REFUSED
     except OSError:
-        return False
+        return _SILENT
+
+
+def _listens(address: str) -> bool:
+    return _answer(address) == _LISTENS
 
 
 def wait_for_checkpoint(job_dir: str, timeout_secs: float) -> str:
@@ -279,14 +290,7 @@ def _gone(cluster: Mapping[str, Sequence[str]], task: str) -> bool:
     that does not resolve or a silent host says nothing (a Kubernetes pod that is stopping
     leaves its service's DNS records while its connections still work)."""
     job, _, index = task.partition(":")
-    host, _, port = cluster[job][int(index)].rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=_POLL_SECS):
-            return False
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
+    return _answer(cluster[job][int(index)]) == _REFUSED
 
 
 def report(cluster: Mapping[str, Sequence[str]], task: str, what: str,
