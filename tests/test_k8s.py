@@ -126,9 +126,12 @@ def test_the_dockerfile_builds_the_image_the_manifest_runs(tfjob):
     # Python 3.11: the default pair, and the only Python the s3 extra's TensorFlow 2.15 has.
     assert lines[0].startswith("FROM python:3.11")
     assert "COPY cifar10_estimator ./cifar10_estimator" in lines
+    # The estimator layer, a distribution of its own in the repository, installed with it.
+    assert "COPY tf-estimator-compat ./tf-estimator-compat" in lines
     # The s3 extra on request (k8s/tfjob-s3.yaml's replicas read and write a bucket).
     assert 'ARG EXTRAS=""' in lines
-    assert 'RUN pip install --no-cache-dir ".${EXTRAS}" && rm -rf /src' in lines
+    assert ('RUN pip install --no-cache-dir ./tf-estimator-compat ".${EXTRAS}" && rm -rf /src'
+            in lines)
     for spec in tfjob["spec"]["tfReplicaSpecs"].values():
         (container,) = spec["template"]["spec"]["containers"]
         assert container["command"] == ["python", "-m", "cifar10_estimator"]

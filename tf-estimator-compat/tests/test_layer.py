@@ -16,12 +16,18 @@ import sys
 import sysconfig
 import types
 
-import pytest
-import tensorflow as tf
-import tensorflow_estimator
-
 import tf_estimator_compat as layer
-from tf_estimator_compat.private_imports import private_imports, unresolved
+
+# The layer in the tests' own process, as a program that uses it installs it: before anything
+# imports the estimator. (No conftest.py: a second one beside the package's tests/ would shadow
+# the helpers its tests import from theirs.)
+layer.install()
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_estimator  # noqa: E402
+
+from tf_estimator_compat.private_imports import private_imports, unresolved  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

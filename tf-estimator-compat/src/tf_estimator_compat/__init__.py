@@ -222,7 +222,7 @@ def _patch_tensorflow(tf: types.ModuleType) -> None:
     for getter, names_attribute in (("get_v1_names", _API_ATTRS_V1[0]),
                                     ("get_v2_names", _API_ATTRS[0])):
         original = getattr(tf_export, getter)
-        if not getattr(original, "_with_estimator_names", False):
+        if original not in _NAME_GETTERS:  # not ours already
             setattr(tf_export, getter, _with_estimator_names(original, names_attribute))
 
 
@@ -236,8 +236,12 @@ def _with_estimator_names(get_names, names_attribute: str):
         own = getattr(symbol, "__dict__", {}).get(names_attribute, ())
         return found + [name for name in own if name not in found]
 
-    names._with_estimator_names = True
+    _NAME_GETTERS.add(names)
     return names
+
+
+# The layer's get_v1_names and get_v2_names, so that a second patch wraps nothing twice.
+_NAME_GETTERS: set = set()
 
 
 # Piece 1: the distribute coordinator's road for Estimator, as TF 2.15 had it.
