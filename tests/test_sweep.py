@@ -339,6 +339,8 @@ def test_a_trainer_in_a_vertex_ai_trial_reports_its_final_scalars(tiny_records, 
      ["--metric acc:", "accuracy, cross_entropy, loss and per_class_accuracy/<class>"]),
     (["--vary", "learning-rate=0.1", "--max-concurrent", "0", "--", "--data-dir", "d"],
      ["--max-concurrent must be 1 or more"]),
+    (["--vary", "learning-rate=0.1", "--max-failures", "-1", "--", "--data-dir", "d"],
+     ["--max-failures must be 0 or more, got -1"]),
     (["--vary", "learning-rate=0.1", "--", "--data-dir", "d", "--num-layer", "8"],
      ["sweep (trainer flags): error: unrecognized arguments: --num-layer", "--num-layers"]),
 ])
