@@ -21,10 +21,12 @@ file whose counts differ is marked, and its failures are listed under the table.
 
 import argparse
 import fnmatch
+import importlib.metadata
 import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -43,8 +45,8 @@ def _versions() -> dict:
     probe = ("import json, platform, importlib.metadata as m, tensorflow as tf; "
              "print(json.dumps({'tensorflow': tf.__version__, 'python': "
              "platform.python_version(), 'estimator': m.version('tensorflow-estimator'), "
-             "'keras': getattr(tf.keras, '__name__', '?') + ' ' + "
-             "getattr(tf.keras, '__version__', '?')}))")
+             "'keras': tf.keras.__name__.split('.')[0] + ' ' + m.version("
+             "'tf-keras' if tf.keras.__name__.startswith('tf_keras') else 'keras')}))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=_env(), timeout=300)
     if done.returncode != 0:
@@ -56,7 +58,17 @@ def _versions() -> dict:
 def _env() -> dict:
     env = {**os.environ, AT_START_VARIABLE: "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("TF_CONFIG", None)
-    if importlib.util.find_spec("tf_keras") is not None:
+    # Keras 2 through tf-keras where TensorFlow's own Keras is 3 (2.16 on); 2.15 runs as shipped,
+    # with the Keras 2 it bundles.
+    release = (2, 16)  # a TensorFlow under another distribution's name: a new one
+    for name in ("tensorflow", "tensorflow-cpu"):
+        try:
+            release = tuple(int(p) for p in re.findall(
+                r"\d+", importlib.metadata.version(name))[:2])
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    if release >= (2, 16) and importlib.util.find_spec("tf_keras") is not None:
         env["TF_USE_LEGACY_KERAS"] = "1"
     return env
 
