@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Iterator
 
 import pytest
 
@@ -594,10 +595,18 @@ def _two_trials(address: str, sweep_dir, data_dir: str, steps: int) -> list[str]
             "--eval-throttle-secs", "100000", "--progress-secs", "1"]
 
 
-def _driver(command_line: list[str], log) -> subprocess.Popen:
+@contextlib.contextmanager
+def _driver(command_line: list[str], log) -> Iterator[subprocess.Popen]:
+    """The sweep's driver, its output to ``log``, killed if it still runs when the block
+    ends."""
     with open(log, "w") as out:
-        return subprocess.Popen(command_line, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=work_dir(), env=trainer_env())
+        driver = subprocess.Popen(command_line, stdout=out, stderr=subprocess.STDOUT,
+                                  cwd=work_dir(), env=trainer_env())
+    try:
+        yield driver
+    finally:
+        driver.kill()
+        driver.wait(30)
 
 
 def _until(predicate, driver: subprocess.Popen, log, timeout: float = 240) -> None:
@@ -638,8 +647,7 @@ def test_a_trainer_a_signal_ends_trains_on_and_a_trial_lost_with_its_node_runs_a
     log = tmp_path / "driver.log"
     with ray_nodes(2, 1) as (address, nodes):
         command_line = _two_trials(address, sweep_dir, local_data, 1000)
-        driver = _driver(command_line, log)
-        try:
+        with _driver(command_line, log) as driver:
             _until(lambda: len(_trainers_of(sweep_dir)) == 2 and all(
                 (sweep_dir / name / "model.ckpt-40.index").exists()
                 for name in _trainers_of(sweep_dir)), driver, log)
@@ -659,9 +667,6 @@ def test_a_trainer_a_signal_ends_trains_on_and_a_trial_lost_with_its_node_runs_a
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             status = driver.wait(400)
-        finally:
-            driver.kill()
-            driver.wait(30)
     out = log.read_text()
     assert status == 0, out[-6000:]
     assert re.search(rf"sweep: {lost} was lost with its Ray worker \(its node gone\?\) after "
@@ -704,16 +709,12 @@ def test_a_full_sweep_dir_ends_the_sweep_in_one_line_and_the_same_command_resume
     try:
         with ray_nodes(1, 2) as (address, _):
             command_line = _two_trials(address, sweep_dir, local_data, 600)
-            driver = _driver(command_line, log)
-            try:
+            with _driver(command_line, log) as driver:
                 _until(lambda: len(list(sweep_dir.glob("trial-*/model.ckpt-40.index"))) == 2,
                        driver, log)
                 subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
                                capture_output=True)
                 status = driver.wait(300)
-            finally:
-                driver.kill()
-                driver.wait(30)
             out = log.read_text()
             assert status == 2, out[-6000:]
             assert out.strip().splitlines()[-1] == (
