@@ -7,15 +7,19 @@ The tests are the 68 files of tensorflow/estimator at v2.15.0, flattened into on
 file runs in a pytest process of its own, in a temporary folder of its own (some write files
 into the working folder), with the layer installed at the interpreter's start
 (``TF_ESTIMATOR_COMPAT=1``, the distribution's start hook: every process the tests start
-gets it too) and ``TF_USE_LEGACY_KERAS=1`` where tf-keras is installed:
+gets it too), ``TF_USE_LEGACY_KERAS=1`` where tf-keras is installed on TensorFlow 2.16 or
+later, and tools/suite_conftest.py beside it as its ``conftest.py`` (what later Pythons removed
+and the tests still call, given back on every release alike):
 
     python tools/run_suite.py run --tests ../shared/estimator-tests --out tf2.21-py3.11.json
     python tools/run_suite.py run --tests DIR --files 'canned_linear_*' --out part.json
+    python tools/run_suite.py run --tests DIR --files keras_test.py --update --out tf2.21-py3.11.json
     python tools/run_suite.py table tf2.15-py3.11.json tf2.21-py3.11.json > docs/suite.md
 
 A record holds the TensorFlow, Python, Keras and estimator versions, and per file the passed,
 failed, errored and skipped tests, the seconds it took, each failure's name and first line, and
-whether the file timed out (``--timeout``). ``table`` compares each record with the first: a
+whether the file timed out (``--timeout``). ``--update`` runs the files named again into a
+record of the same versions, keeping the others. ``table`` compares each record with the first: a
 file whose counts differ is marked, and its failures are listed under the table.
 """
 
@@ -38,6 +42,7 @@ from typing import Optional, Sequence
 # The distribution's start hook installs the layer when this is "1" (tf_estimator_compat).
 AT_START_VARIABLE = "TF_ESTIMATOR_COMPAT"
 COUNTS = ("passed", "failed", "errors", "skipped")
+CONFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_conftest.py")
 
 
 def _versions() -> dict:
@@ -96,6 +101,7 @@ def run_file(path: str, timeout: float) -> dict:
     """One test file in a pytest process of its own, in a temporary folder."""
     with tempfile.TemporaryDirectory(prefix="estimator-suite-") as folder:
         shutil.copy(path, folder)
+        shutil.copy(CONFTEST, os.path.join(folder, "conftest.py"))
         report = os.path.join(folder, "report.xml")
         started = time.monotonic()
         try:
@@ -120,15 +126,36 @@ def run_file(path: str, timeout: float) -> dict:
     return {**result, "seconds": seconds, "timed_out": timed_out}
 
 
-def run(tests: str, files: Sequence[str], out: str, timeout: float) -> None:
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+            raise ValueError("no files in it")
+        return record
+    except (OSError, ValueError) as e:
+        sys.exit(f"run_suite.py: error: {path} cannot be read as a record ({e})")
+
+
+def run(tests: str, files: Sequence[str], out: str, timeout: float,
+        update: bool = False) -> None:
     names = sorted(n for n in os.listdir(tests) if n.endswith("_test.py"))
     if files:
         names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in files)]
     if not names:
         sys.exit(f"run_suite.py: error: no test file in {tests} matches {' '.join(files)}")
     record = {**_versions(), "machine": platform.machine(), "files": {}}
+    if update:
+        kept = _load(out)
+        versions = {k: v for k, v in record.items() if k != "files"}
+        if any(kept.get(k) != v for k, v in versions.items()):
+            sys.exit(f"run_suite.py: error: {out} is a record of "
+                     f"{ {k: kept.get(k) for k in versions} }, not of {versions}: "
+                     f"--update only adds to a record of this interpreter's versions")
+        record["files"] = kept["files"]
     for name in names:
         record["files"][name] = run_file(os.path.join(tests, name), timeout)
+        record["files"] = dict(sorted(record["files"].items()))
         counts = record["files"][name]
         print(f"{name}: " + ", ".join(f"{counts[c]} {c}" for c in COUNTS if counts[c])
               + f" ({counts['seconds']:.0f} s)", flush=True)
@@ -149,13 +176,7 @@ def _cell(counts: Optional[dict]) -> str:
 
 
 def table(records: Sequence[str]) -> None:
-    loaded = []
-    for path in records:
-        try:
-            with open(path) as f:
-                loaded.append(json.load(f))
-        except (OSError, ValueError) as e:
-            sys.exit(f"run_suite.py: error: {path} cannot be read as a record ({e})")
+    loaded = [_load(path) for path in records]
     heads = [f"TF {r['tensorflow']}, Python {r['python']}" for r in loaded]
     print("| file | " + " | ".join(heads) + " |")
     print("|---|" + "---|" * len(loaded))
@@ -189,13 +210,17 @@ def main() -> None:
     runner.add_argument("--out", required=True, help="the record (JSON) to write")
     runner.add_argument("--timeout", type=float, default=3600,
                         help="seconds a file may run before it counts as timed out")
+    runner.add_argument("--update", action="store_true",
+                        help="run the files again into the record --out, keeping the others")
     tabler = commands.add_parser("table", help="records side by side, as Markdown")
     tabler.add_argument("records", nargs="+", help="records; the first is the reference")
     args = parser.parse_args()
     if args.command == "run":
         if not os.path.isdir(args.tests):
             parser.error(f"--tests {args.tests}: not a folder")
-        run(args.tests, args.files, args.out, args.timeout)
+        if args.update and not os.path.isfile(args.out):
+            parser.error(f"--update: no record {args.out} to update; run without --update")
+        run(args.tests, args.files, args.out, args.timeout, args.update)
     else:
         table(args.records)
 
