@@ -175,30 +175,51 @@ def _cell(counts: Optional[dict]) -> str:
     return text + (" (timed out)" if counts.get("timed_out") else "")
 
 
+def _label(record: dict) -> str:
+    return f"TF {record['tensorflow']}, Python {record['python']}, {record['keras']}"
+
+
+def _failures(counts: dict) -> dict:
+    """Each failed or errored test's name and its first line."""
+    return dict(f.split(": ", 1) if ": " in f else (f, "") for f in counts["failures"])
+
+
 def table(records: Sequence[str]) -> None:
     loaded = [_load(path) for path in records]
-    heads = [f"TF {r['tensorflow']}, Python {r['python']}" for r in loaded]
-    print("| file | " + " | ".join(heads) + " |")
+    reference = loaded[0]["files"]
+    print("| file | " + " | ".join(_label(r) for r in loaded) + " |")
     print("|---|" + "---|" * len(loaded))
     names = sorted({n for r in loaded for n in r["files"]})
-    differing = []
+    differing = []  # (record, file, its counts)
     for name in names:
-        cells = [loaded[0]["files"].get(name)] + [r["files"].get(name) for r in loaded[1:]]
-        shown = [_cell(cells[0])]
-        for counts in cells[1:]:
-            same = counts is not None and cells[0] is not None and all(
-                counts[c] == cells[0][c] for c in COUNTS)
+        shown = [_cell(reference.get(name))]
+        for record in loaded[1:]:
+            counts = record["files"].get(name)
+            same = counts is not None and name in reference and all(
+                counts[c] == reference[name][c] for c in COUNTS)
             shown.append(_cell(counts) if same or counts is None else f"**{_cell(counts)}**")
             if counts is not None and not same:
-                differing.append((name, counts))
+                differing.append((record, name, counts))
         print(f"| `{name}` | " + " | ".join(shown) + " |")
     totals = [{c: sum(f[c] for f in r["files"].values()) for c in COUNTS} for r in loaded]
     print("| all | " + " | ".join(_cell(t) for t in totals) + " |")
     print("\nEach cell: passed / failed or errored / skipped. In bold: counts that differ from "
           "the first column's.")
-    for name, counts in differing:
-        for failure in counts["failures"]:
-            print(f"- `{name}`: {failure}")
+    if differing:
+        print("\nTests that fail where the first column's do not, by file and first line "
+              "(the number of tests, and one of them):\n")
+    for record, name, counts in differing:
+        before = _failures(reference.get(name, {"failures": []}))
+        by_line = {}
+        for test, line in _failures(counts).items():
+            if test not in before:
+                by_line.setdefault(line, []).append(test)
+        for line, tests in sorted(by_line.items(), key=lambda item: -len(item[1])):
+            print(f"- {_label(record)}, `{name}`: {len(tests)} ({tests[0]}): {line}")
+        if not by_line:
+            print(f"- {_label(record)}, `{name}`: no new failure; "
+                  + ", ".join(f"{c} {reference[name][c]} -> {counts[c]}" for c in COUNTS
+                              if name in reference and counts[c] != reference[name][c]))
 
 
 def main() -> None:

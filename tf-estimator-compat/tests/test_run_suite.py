@@ -1,0 +1,114 @@
+"""tools/run_suite.py on a folder of small test files of its own: the counts and failures it
+records per file, the Python the 2.15 tests were written for given back (tools/
+suite_conftest.py), ``--update``, and the table that compares records."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+DISTRIBUTION = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNNER = os.path.join(DISTRIBUTION, "tools", "run_suite.py")
+
+# A test file as the estimator's are: unittest classes that call names Python 3.11 and 3.12
+# removed, beside a test that fails and one that skips.
+OLD_PYTHON_TEST = textwrap.dedent("""\
+    import inspect
+    import unittest
+
+    class OldPythonTest(unittest.TestCase):
+        def test_old_assertion_names(self):
+            self.assertEquals(1, 1)
+            self.assertRaisesRegexp(ValueError, "bad", int, "bad")
+
+        def test_getargspec(self):
+            def f(a, b=2, *rest, **named):
+                pass
+            spec = inspect.getargspec(f)
+            self.assertEqual((spec.args, spec.varargs, spec.keywords, spec.defaults),
+                             (["a", "b"], "rest", "named", (2,)))
+
+        def test_fails(self):
+            self.assertEqual(1, 2, "one is not two")
+
+        @unittest.skip("not here")
+        def test_skips(self):
+            pass
+    """)
+OTHER_TEST = "def test_passes():\n    assert True\n"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, RUNNER, *args], capture_output=True, text=True,
+                          timeout=240)
+
+
+@pytest.fixture
+def tests_folder(tmp_path):
+    folder = tmp_path / "tests"
+    folder.mkdir()
+    (folder / "old_python_test.py").write_text(OLD_PYTHON_TEST)
+    (folder / "other_test.py").write_text(OTHER_TEST)
+    return folder
+
+
+@pytest.mark.timeout(300)
+def test_a_record_counts_each_file_and_names_its_failures(tests_folder, tmp_path):
+    out = tmp_path / "record.json"
+    done = _run("run", "--tests", str(tests_folder), "--files", "old_*", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert record["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert list(record["files"]) == ["old_python_test.py"]
+    counts = record["files"]["old_python_test.py"]
+    assert {c: counts[c] for c in ("passed", "failed", "errors", "skipped")} == {
+        "passed": 2, "failed": 1, "errors": 0, "skipped": 1}
+    [failure] = counts["failures"]
+    assert failure.startswith("OldPythonTest::test_fails: AssertionError: 1 != 2")
+    assert not os.path.exists(str(out) + ".tmp")
+
+    # --update adds the other file and keeps the first; a record of other versions is refused.
+    done = _run("run", "--tests", str(tests_folder), "--files", "other_test.py", "--update",
+                "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert list(record["files"]) == ["old_python_test.py", "other_test.py"]
+    assert record["files"]["old_python_test.py"] == counts
+    record["tensorflow"] = "2.0.0"
+    out.write_text(json.dumps(record))
+    done = _run("run", "--tests", str(tests_folder), "--files", "other_test.py", "--update",
+                "--out", str(out))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line
+    assert "not of" in done.stderr and "2.0.0" in done.stderr
+    assert json.loads(out.read_text()) == record  # untouched
+
+
+@pytest.mark.timeout(300)
+def test_the_table_marks_each_count_that_differs_and_says_which_tests_fail(tests_folder,
+                                                                             tmp_path):
+    reference = tmp_path / "reference.json"
+    assert _run("run", "--tests", str(tests_folder), "--out", str(reference)).returncode == 0
+    record = json.loads(reference.read_text())
+    # Another release, as it would be recorded: one more test of the other file fails.
+    record["tensorflow"] = "9.9.9"
+    other = record["files"]["other_test.py"]
+    other.update(passed=0, failed=1, failures=["test_passes: ImportError: gone in 9.9"])
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps(record))
+
+    done = _run("table", str(reference), str(newer))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "| `old_python_test.py` | 2 / 1 / 1 | 2 / 1 / 1 |" in lines
+    assert "| `other_test.py` | 1 / 0 / 0 | **0 / 1 / 0** |" in lines
+    [listed] = [line for line in lines if line.startswith("- ")]
+    assert "TF 9.9.9" in listed and "`other_test.py`: 1 (test_passes): ImportError: gone in 9.9" \
+        in listed
+
+    (tmp_path / "broken.json").write_text("{")
+    done = _run("table", str(reference), str(tmp_path / "broken.json"))
+    assert done.returncode != 0 and "broken.json cannot be read as a record" in done.stderr
