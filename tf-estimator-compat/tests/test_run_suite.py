@@ -1,6 +1,7 @@
-"""tools/run_suite.py on a folder of small test files of its own: the counts and failures it
-records per file, the Python the 2.15 tests were written for given back (tools/
-suite_conftest.py), ``--update``, and the table that compares records."""
+"""tools/run_suite.py on a folder of small test files of its own, programs as the estimator's
+are: the counts and failures it records per file, the Python the 2.15 tests were written for
+given back (tools/suite_sitecustomize.py), a file that hangs with a child of its own or dies
+before its report, ``--update``, and the table that compares records."""
 
 import json
 import os
@@ -13,13 +14,18 @@ import pytest
 DISTRIBUTION = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(DISTRIBUTION, "tools", "run_suite.py")
 
-# A test file as the estimator's are: unittest classes that call names Python 3.11 and 3.12
-# removed, beside a test that fails and one that skips.
+# A test file as the estimator's are: a program whose main block reads absl flags, and whose
+# tests call names Python 3.11 and 3.12 removed, beside a test that fails and one that skips.
 OLD_PYTHON_TEST = textwrap.dedent("""\
     import inspect
     import unittest
 
-    class OldPythonTest(unittest.TestCase):
+    from absl import flags
+    from absl.testing import absltest
+
+    SHARDS = flags.DEFINE_integer("test_num_shards", 8, "read only once flags are parsed")
+
+    class OldPythonTest(absltest.TestCase):
         def test_old_assertion_names(self):
             self.assertEquals(1, 1)
             self.assertRaisesRegexp(ValueError, "bad", int, "bad")
@@ -32,13 +38,33 @@ OLD_PYTHON_TEST = textwrap.dedent("""\
                              (["a", "b"], "rest", "named", (2,)))
 
         def test_fails(self):
-            self.assertEqual(1, 2, "one is not two")
+            self.assertEqual(SHARDS.value, 2)
 
         @unittest.skip("not here")
         def test_skips(self):
             pass
+
+    if __name__ == "__main__":
+        absltest.main()
     """)
-OTHER_TEST = "def test_passes():\n    assert True\n"
+OTHER_TEST = textwrap.dedent("""\
+    from absl.testing import absltest
+
+    class OtherTest(absltest.TestCase):
+        def test_passes(self):
+            pass
+
+    if __name__ == "__main__":
+        absltest.main()
+    """)
+# A file that hangs with a worker of its own, and one that dies before its runner reports.
+HANGING_TEST = textwrap.dedent("""\
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open("child.pid", "w").write(str(child.pid))
+    time.sleep(600)
+    """)
+DYING_TEST = "raise SystemExit('no TPU here')\n"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -67,7 +93,7 @@ def test_a_record_counts_each_file_and_names_its_failures(tests_folder, tmp_path
     assert {c: counts[c] for c in ("passed", "failed", "errors", "skipped")} == {
         "passed": 2, "failed": 1, "errors": 0, "skipped": 1}
     [failure] = counts["failures"]
-    assert failure.startswith("OldPythonTest::test_fails: AssertionError: 1 != 2")
+    assert failure.startswith("OldPythonTest::test_fails: AssertionError: 8 != 2")
     assert not os.path.exists(str(out) + ".tmp")
 
     # --update adds the other file and keeps the first; a record of other versions is refused.
@@ -76,6 +102,7 @@ def test_a_record_counts_each_file_and_names_its_failures(tests_folder, tmp_path
     assert done.returncode == 0, done.stderr
     record = json.loads(out.read_text())
     assert list(record["files"]) == ["old_python_test.py", "other_test.py"]
+    assert record["files"]["other_test.py"]["passed"] == 1
     assert record["files"]["old_python_test.py"] == counts
     record["tensorflow"] = "2.0.0"
     out.write_text(json.dumps(record))
@@ -96,7 +123,7 @@ def test_the_table_marks_each_count_that_differs_and_says_which_tests_fail(tests
     # Another release, as it would be recorded: one more test of the other file fails.
     record["tensorflow"] = "9.9.9"
     other = record["files"]["other_test.py"]
-    other.update(passed=0, failed=1, failures=["test_passes: ImportError: gone in 9.9"])
+    other.update(passed=0, failed=1, failures=["OtherTest::test_passes: ImportError: gone"])
     newer = tmp_path / "newer.json"
     newer.write_text(json.dumps(record))
 
@@ -105,10 +132,32 @@ def test_the_table_marks_each_count_that_differs_and_says_which_tests_fail(tests
     lines = done.stdout.splitlines()
     assert "| `old_python_test.py` | 2 / 1 / 1 | 2 / 1 / 1 |" in lines
     assert "| `other_test.py` | 1 / 0 / 0 | **0 / 1 / 0** |" in lines
+    assert "| all | 3 / 1 / 1 | 2 / 2 / 1 |" in lines
     [listed] = [line for line in lines if line.startswith("- ")]
-    assert "TF 9.9.9" in listed and "`other_test.py`: 1 (test_passes): ImportError: gone in 9.9" \
-        in listed
+    assert "TF 9.9.9" in listed
+    assert listed.endswith("`other_test.py`: 1 (OtherTest::test_passes): ImportError: gone")
 
     (tmp_path / "broken.json").write_text("{")
     done = _run("table", str(reference), str(tmp_path / "broken.json"))
     assert done.returncode != 0 and "broken.json cannot be read as a record" in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_file_that_hangs_is_killed_with_its_children_and_one_that_dies_is_an_error(
+        tests_folder, tmp_path):
+    (tests_folder / "hanging_test.py").write_text(HANGING_TEST)
+    (tests_folder / "dying_test.py").write_text(DYING_TEST)
+    out = tmp_path / "record.json"
+    done = _run("run", "--tests", str(tests_folder), "--files", "hanging_test.py",
+                "dying_test.py", "--timeout", "20", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    files = json.loads(out.read_text())["files"]
+    assert files["hanging_test.py"]["timed_out"] is True
+    assert files["hanging_test.py"]["failures"] == ["hanging_test.py: timed out"]
+    assert files["dying_test.py"]["timed_out"] is False
+    assert files["dying_test.py"]["errors"] == 1
+    assert files["dying_test.py"]["failures"] == ["dying_test.py: no TPU here"]
+    # The hanging file's child went with it: no process of that command is left.
+    left = subprocess.run(["pgrep", "-f", "import time; time.sleep(600)"], capture_output=True,
+                          text=True)
+    assert left.stdout == ""

@@ -4,19 +4,23 @@ records of several releases side by side as a table.
 
 The tests are the 68 files of tensorflow/estimator at v2.15.0, flattened into one folder
 (this repository's reference copy is ``../shared/estimator-tests``, with its license). Each
-file runs in a pytest process of its own, in a temporary folder of its own (some write files
-into the working folder), with the layer installed at the interpreter's start
-(``TF_ESTIMATOR_COMPAT=1``, the distribution's start hook: every process the tests start
+file runs as its own program, ``python FILE_test.py``, as Bazel's ``py_test`` runs it upstream:
+its ``__main__`` block sets up what its tests expect (``tf.test.main()`` parses the absl flags
+some tests read; some turn TF2 behaviour off first, or start worker processes), and absl's
+test runner writes the JUnit report named by ``XML_OUTPUT_FILE``, as it does under Bazel. It
+runs in a temporary folder of its own (some tests write into the working folder), in a process
+group of its own (killed whole at ``--timeout``), with the layer installed at the interpreter's
+start (``TF_ESTIMATOR_COMPAT=1``, the distribution's start hook: every process the tests start
 gets it too), ``TF_USE_LEGACY_KERAS=1`` where tf-keras is installed on TensorFlow 2.16 or
-later, and tools/suite_conftest.py beside it as its ``conftest.py`` (what later Pythons removed
-and the tests still call, given back on every release alike):
+later, and tools/suite_sitecustomize.py as the ``sitecustomize`` of every process (what later
+Pythons removed and the tests still call, given back on every release alike):
 
     python tools/run_suite.py run --tests ../shared/estimator-tests --out tf2.21-py3.11.json
     python tools/run_suite.py run --tests DIR --files 'canned_linear_*' --out part.json
     python tools/run_suite.py run --tests DIR --files keras_test.py --update --out tf2.21-py3.11.json
     python tools/run_suite.py table tf2.15-py3.11.json tf2.21-py3.11.json > docs/suite.md
 
-A record holds the TensorFlow, Python, Keras and estimator versions, and per file the passed,
+A record holds the TensorFlow, Python, Keras, NumPy and estimator versions, and per file the passed,
 failed, errored and skipped tests, the seconds it took, each failure's name and first line, and
 whether the file timed out (``--timeout``). ``--update`` runs the files named again into a
 record of the same versions, keeping the others. ``table`` compares each record with the first: a
@@ -32,6 +36,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +47,8 @@ from typing import Optional, Sequence
 # The distribution's start hook installs the layer when this is "1" (tf_estimator_compat).
 AT_START_VARIABLE = "TF_ESTIMATOR_COMPAT"
 COUNTS = ("passed", "failed", "errors", "skipped")
-CONFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "suite_conftest.py")
+SITECUSTOMIZE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                             "suite_sitecustomize.py")
 
 
 def _versions() -> dict:
@@ -50,6 +56,7 @@ def _versions() -> dict:
     probe = ("import json, platform, importlib.metadata as m, tensorflow as tf; "
              "print(json.dumps({'tensorflow': tf.__version__, 'python': "
              "platform.python_version(), 'estimator': m.version('tensorflow-estimator'), "
+             "'numpy': m.version('numpy'), "
              "'keras': tf.keras.__name__.split('.')[0] + ' ' + m.version("
              "'tf-keras' if tf.keras.__name__.startswith('tf_keras') else 'keras')}))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -79,50 +86,62 @@ def _env() -> dict:
 
 
 def _counts(report: str) -> dict:
-    """Counts and failures from pytest's JUnit XML report."""
+    """Counts and failures from a JUnit XML report, absl's or pytest's: absl marks a skipped
+    test ``status="notrun"``, pytest with a ``skipped`` element."""
     result = {name: 0 for name in COUNTS}
     result["failures"] = []
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name')}"
         outcome = next((child for child in case if child.tag in ("failure", "error",
                                                                    "skipped")), None)
-        if outcome is None:
-            result["passed"] += 1
-        elif outcome.tag == "skipped":
+        if outcome is not None and outcome.tag != "skipped":
+            result["failed" if outcome.tag == "failure" else "errors"] += 1
+            first = ((outcome.get("message") or outcome.text or "").strip().splitlines()
+                     or [outcome.tag])[0]
+            # absl gives the exception's class apart ("<class 'KeyError'>"); pytest, first.
+            kind = re.fullmatch(r"<class '([\w.]+)'>", outcome.get("type") or "")
+            if kind and not first.startswith(kind.group(1)):
+                first = f"{kind.group(1)}: {first}"
+            result["failures"].append(f"{name}: {first[:300]}")
+        elif outcome is not None or case.get("status") == "notrun":
             result["skipped"] += 1
         else:
-            result["failed" if outcome.tag == "failure" else "errors"] += 1
-            first = (outcome.get("message") or outcome.text or "").strip().splitlines()
-            result["failures"].append(f"{name}: {first[0][:300] if first else outcome.tag}")
+            result["passed"] += 1
     return result
 
 
 def run_file(path: str, timeout: float) -> dict:
-    """One test file in a pytest process of its own, in a temporary folder."""
+    """One test file as a program of its own, in a temporary folder."""
     with tempfile.TemporaryDirectory(prefix="estimator-suite-") as folder:
         shutil.copy(path, folder)
-        shutil.copy(CONFTEST, os.path.join(folder, "conftest.py"))
+        shutil.copy(SITECUSTOMIZE, os.path.join(folder, "sitecustomize.py"))
         report = os.path.join(folder, "report.xml")
+        env = _env()
+        env["XML_OUTPUT_FILE"] = report
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
         started = time.monotonic()
-        try:
-            # pytest's options through its variable, not the command line: tests that use
-            # absl's flags parse sys.argv, and refuse what they do not know ("-q").
-            options = f"-q -p no:cacheprovider -o addopts= --junitxml={report}"
-            done = subprocess.run(
-                [sys.executable, "-m", "pytest", os.path.basename(path)], cwd=folder,
-                env={**_env(), "PYTEST_ADDOPTS": options}, capture_output=True, text=True,
-                timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            done, timed_out = None, True
+        with subprocess.Popen([sys.executable, os.path.basename(path)], cwd=folder, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) as process:
+            try:
+                output, _ = process.communicate(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                output, timed_out = "", True
+            finally:
+                try:  # the test's own worker processes too
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                if timed_out:
+                    process.communicate()
         seconds = round(time.monotonic() - started, 1)
-        if os.path.exists(report):
+        if os.path.exists(report) and os.path.getsize(report):
             result = _counts(report)
-        else:  # killed, or the file did not even collect
+        else:  # killed, or it ended before its runner wrote the report
+            last = output.strip().splitlines()[-1:] or [f"exit {process.returncode}"]
             result = {**{name: 0 for name in COUNTS}, "errors": 1, "failures": [
-                f"{os.path.basename(path)}: " + ("timed out" if timed_out else
-                                                 (done.stdout + done.stderr).strip()
-                                                 .splitlines()[-1][:300])]}
+                f"{os.path.basename(path)}: " + ("timed out" if timed_out else last[0][:300])]}
     return {**result, "seconds": seconds, "timed_out": timed_out}
 
 

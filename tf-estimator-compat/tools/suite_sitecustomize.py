@@ -1,7 +1,8 @@
 """The test environment tensorflow/estimator 2.15.0's tests were written for, on the Pythons
-after it: tools/run_suite.py copies this file beside each test file as its ``conftest.py``, on
-every release alike (TensorFlow 2.15 as shipped too), so that a count that differs between two
-releases is TensorFlow's or the layer's, never Python's.
+after it: tools/run_suite.py puts this file on the path of every test process as its
+``sitecustomize`` (which Python's ``site`` imports at start), on every release alike (TensorFlow
+2.15 as shipped too), so that a count that differs between two releases is TensorFlow's or the
+layer's, never Python's.
 
 It gives back two things the tests call and Python has since removed; nothing of TensorFlow's
 or the estimator's is touched:
