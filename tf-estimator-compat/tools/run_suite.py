@@ -20,11 +20,11 @@ Pythons removed and the tests still call, given back on every release alike):
     python tools/run_suite.py run --tests DIR --files keras_test.py --update --out tf2.21-py3.11.json
     python tools/run_suite.py table tf2.15-py3.11.json tf2.21-py3.11.json > docs/suite.md
 
-A record holds the TensorFlow, Python, Keras, NumPy and estimator versions, and per file the passed,
-failed, errored and skipped tests, the seconds it took, each failure's name and first line, and
-whether the file timed out (``--timeout``). ``--update`` runs the files named again into a
-record of the same versions, keeping the others. ``table`` compares each record with the first: a
-file whose counts differ is marked, and its failures are listed under the table.
+A record holds the TensorFlow, Python, Keras, NumPy and estimator versions, and per file the
+passed, failed, errored and skipped tests, the seconds it took, each failure's name and first
+line, and whether the file timed out (``--timeout``). ``--update`` runs the files named again
+into a record of the same versions, keeping the others. ``table`` compares each record with the
+first: a file whose counts differ is marked, and its failures are listed under the table.
 """
 
 import argparse
