@@ -124,6 +124,8 @@ def test_the_table_marks_each_count_that_differs_and_says_which_tests_fail(tests
     record["tensorflow"] = "9.9.9"
     other = record["files"]["other_test.py"]
     other.update(passed=0, failed=1, failures=["OtherTest::test_passes: ImportError: gone"])
+    # and a file the reference has not run yet: shown, compared with nothing.
+    record["files"]["later_test.py"] = dict(other, passed=1, failed=0, failures=[])
     newer = tmp_path / "newer.json"
     newer.write_text(json.dumps(record))
 
@@ -132,7 +134,8 @@ def test_the_table_marks_each_count_that_differs_and_says_which_tests_fail(tests
     lines = done.stdout.splitlines()
     assert "| `old_python_test.py` | 2 / 1 / 1 | 2 / 1 / 1 |" in lines
     assert "| `other_test.py` | 1 / 0 / 0 | **0 / 1 / 0** |" in lines
-    assert "| all | 3 / 1 / 1 | 2 / 2 / 1 |" in lines
+    assert "| `later_test.py` | - | 1 / 0 / 0 |" in lines
+    assert "| all | 3 / 1 / 1 | 3 / 2 / 1 |" in lines
     [listed] = [line for line in lines if line.startswith("- ")]
     assert "TF 9.9.9" in listed
     assert listed.endswith("`other_test.py`: 1 (OtherTest::test_passes): ImportError: gone")

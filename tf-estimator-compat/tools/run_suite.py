@@ -214,10 +214,10 @@ def table(records: Sequence[str]) -> None:
         shown = [_cell(reference.get(name))]
         for record in loaded[1:]:
             counts = record["files"].get(name)
-            same = counts is not None and name in reference and all(
-                counts[c] == reference[name][c] for c in COUNTS)
-            shown.append(_cell(counts) if same or counts is None else f"**{_cell(counts)}**")
-            if counts is not None and not same:
+            compared = counts is not None and name in reference  # else nothing to compare
+            same = compared and all(counts[c] == reference[name][c] for c in COUNTS)
+            shown.append(f"**{_cell(counts)}**" if compared and not same else _cell(counts))
+            if compared and not same:
                 differing.append((record, name, counts))
         print(f"| `{name}` | " + " | ".join(shown) + " |")
     totals = [{c: sum(f[c] for f in r["files"].values()) for c in COUNTS} for r in loaded]
@@ -238,7 +238,7 @@ def table(records: Sequence[str]) -> None:
         if not by_line:
             print(f"- {_label(record)}, `{name}`: no new failure; "
                   + ", ".join(f"{c} {reference[name][c]} -> {counts[c]}" for c in COUNTS
-                              if name in reference and counts[c] != reference[name][c]))
+                              if counts[c] != reference[name][c]))
 
 
 def main() -> None:
