@@ -259,7 +259,7 @@ RUN_CONFIG_METHODS = ("_init_distributed_setting_from_environment_var",
 # Set only by init_run_config (the layer's); the estimator reads it (estimator.py).
 RUN_CONFIG_SET_FOR_THE_ESTIMATOR = ("_distribute_coordinator_mode",)
 # run_config's module functions, with their arity: a task's place in its cluster.
-RUN_CONFIG_FUNCTIONS = {"_count_ps": 1, "_count_worker": 2, "_get_global_id_in_cluster": 4}
+RUN_CONFIG_FUNCTIONS = {"_count_ps": 1, "_count_worker": 2}
 ESTIMATOR_ATTRIBUTES = ("_config", "_train_distribution", "_eval_distribution")
 EXECUTOR_METHODS = ("_start_continuous_evaluation",)  # training._TrainingExecutor's
 PINNED = {*RUN_CONFIG_ATTRIBUTES, *RUN_CONFIG_METHODS, *RUN_CONFIG_SET_FOR_THE_ESTIMATOR,
@@ -340,3 +340,62 @@ def test_the_estimator_calls_only_what_the_supplied_coordinator_module_has():
     module = types.ModuleType(layer.COORDINATOR_MODULE)
     layer._SuppliedModule().exec_module(module)
     assert all(callable(getattr(module, name, None)) for name in called)
+
+
+# One worker of a cluster of workers only (no chief): MultiWorkerMirroredStrategy as TF's docs
+# set it up, through train_and_evaluate, which runs it on the distribute coordinator's
+# independent-worker road. The first worker is the chief; it saves and evaluates.
+WORKER = """
+import json, os, sys
+import tf_estimator_compat
+tf_estimator_compat.install()
+import tensorflow as tf
+
+def model_fn(features, labels, mode):
+    weight = tf.compat.v1.get_variable("weight", [], initializer=tf.compat.v1.zeros_initializer())
+    loss = tf.reduce_mean(tf.square(features["x"] * weight - labels))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.05).minimize(loss, global_step=step)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+def input_fn():
+    return tf.data.Dataset.from_tensors(({"x": [1.0, 2.0]}, [2.0, 4.0])).repeat()
+
+strategy = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()
+config = tf.estimator.RunConfig(model_dir=sys.argv[1], train_distribute=strategy,
+                                save_checkpoints_steps=6)
+estimator = tf.estimator.Estimator(model_fn, config=config)
+tf.estimator.train_and_evaluate(
+    estimator, tf.estimator.TrainSpec(input_fn, max_steps=6),
+    tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0, throttle_secs=0))
+print("done", json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_cluster_of_workers_only_trains_with_a_multi_worker_strategy(tmp_path):
+    import json
+    import socket
+
+    ports = []
+    for _ in range(2):  # free now; the workers bind them a moment later
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    workers = []
+    for index in range(2):
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        workers.append(subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path / "model")], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [worker.communicate(timeout=240)[0] for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    for index, (worker, output) in enumerate(zip(workers, outputs)):
+        assert worker.returncode == 0 and f"done {index}" in output, output[-3000:]
+    assert tf.train.latest_checkpoint(str(tmp_path / "model")).endswith("model.ckpt-6")

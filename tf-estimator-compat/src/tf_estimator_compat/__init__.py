@@ -341,8 +341,27 @@ def _take_worker_context(config) -> None:
     else:
         config._num_ps_replicas = run_config._count_ps(config._cluster_spec)
         config._num_worker_replicas = run_config._count_worker(config._cluster_spec, chief)
-        config._global_id_in_cluster = run_config._get_global_id_in_cluster(
-            config._cluster_spec, config._task_type, config._task_id, chief)
+        config._global_id_in_cluster = _global_id(config._cluster_spec, config._task_type,
+                                                  config._task_id)
+
+
+def _global_id(cluster_spec, task_type: str, task_id: int) -> int:
+    """The task's number in its cluster, in the order ``RunConfig.global_id_in_cluster``
+    documents: the chief first, then every other job but the parameter servers by name, then
+    those. A cluster may have no chief: MultiWorkerMirroredStrategy's workers alone, as TF's
+    docs set them up. (The estimator's ``run_config._get_global_id_in_cluster`` counts a chief
+    whatever the cluster; TF 2.15's coordinator module counted one only where there was.)"""
+    from tensorflow_estimator.python.estimator.run_config import TaskType
+
+    jobs = cluster_spec.jobs
+    order = ([TaskType.CHIEF] if TaskType.CHIEF in jobs else []) + sorted(
+        job for job in jobs if job not in (TaskType.CHIEF, TaskType.PS)) + (
+        [TaskType.PS] if TaskType.PS in jobs else [])
+    if task_type not in order:
+        raise RuntimeError(f"Internal error: the task type {task_type!r} is not a job of the "
+                           f"cluster {cluster_spec.as_dict()}")
+    preceding = order[:order.index(task_type)]
+    return sum(cluster_spec.num_tasks(job) for job in preceding) + task_id
 
 
 def _refuse_standalone_client(*args: Any, **kwargs: Any) -> None:
