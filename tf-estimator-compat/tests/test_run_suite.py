@@ -57,6 +57,22 @@ OTHER_TEST = textwrap.dedent("""\
     if __name__ == "__main__":
         absltest.main()
     """)
+# A file one of whose tests waits forever: run whole it times out, run one test per program
+# the other test counts.
+ONE_TEST_HANGS = textwrap.dedent("""\
+    import time
+    from absl.testing import absltest
+
+    class SomeHangTest(absltest.TestCase):
+        def test_hangs(self):
+            time.sleep(600)
+
+        def test_passes(self):
+            pass
+
+    if __name__ == "__main__":
+        absltest.main()
+    """)
 # A file that hangs with a worker of its own, and one that dies before its runner reports.
 HANGING_TEST = textwrap.dedent("""\
     import subprocess, sys, time
@@ -156,7 +172,7 @@ def test_a_file_that_hangs_is_killed_with_its_children_and_one_that_dies_is_an_e
     assert done.returncode == 0, done.stderr
     files = json.loads(out.read_text())["files"]
     assert files["hanging_test.py"]["timed_out"] is True
-    assert files["hanging_test.py"]["failures"] == ["hanging_test.py: timed out"]
+    assert files["hanging_test.py"]["failures"] == ["hanging_test.py: timed out after 20 s"]
     assert files["dying_test.py"]["timed_out"] is False
     assert files["dying_test.py"]["errors"] == 1
     assert files["dying_test.py"]["failures"] == ["dying_test.py: no TPU here"]
@@ -164,3 +180,17 @@ def test_a_file_that_hangs_is_killed_with_its_children_and_one_that_dies_is_an_e
     left = subprocess.run(["pgrep", "-f", "import time; time.sleep(600)"], capture_output=True,
                           text=True)
     assert left.stdout == ""
+
+
+@pytest.mark.timeout(300)
+def test_a_file_that_times_out_runs_again_one_test_per_program(tests_folder, tmp_path):
+    (tests_folder / "one_hangs_test.py").write_text(ONE_TEST_HANGS)
+    out = tmp_path / "record.json"
+    done = _run("run", "--tests", str(tests_folder), "--files", "one_hangs_test.py",
+                "--timeout", "20", "--test-timeout", "15", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(out.read_text())["files"]["one_hangs_test.py"]
+    assert (counts["passed"], counts["errors"], counts["one_by_one"]) == (1, 1, True)
+    assert counts["failures"] == ["SomeHangTest::test_hangs: timed out after 15 s"]
+    table = _run("table", str(out)).stdout
+    assert "| `one_hangs_test.py` | 1 / 1 / 0 (one test per program) |" in table

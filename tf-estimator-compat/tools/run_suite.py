@@ -22,7 +22,9 @@ Pythons removed and the tests still call, given back on every release alike):
 
 A record holds the TensorFlow, Python, Keras, NumPy and estimator versions, and per file the
 passed, failed, errored and skipped tests, the seconds it took, each failure's name and first
-line, and whether the file timed out (``--timeout``). ``--update`` runs the files named again
+line, and whether the file timed out (``--timeout``); with ``--test-timeout``, a file that
+timed out runs again one test per program, so that the tests that wait forever are named and
+the others counted. ``--update`` runs the files named again
 into a record of the same versions, keeping the others. ``table`` compares each record with the
 first: a file whose counts differ is marked, and its failures are listed under the table.
 """
@@ -110,39 +112,88 @@ def _counts(report: str) -> dict:
     return result
 
 
-def run_file(path: str, timeout: float) -> dict:
-    """One test file as a program of its own, in a temporary folder."""
+# Lists a test file's tests as absl's runner finds them in ``__main__`` ("Class.method" per
+# line), the file loaded as a module: its main block does not run.
+LIST_TESTS = """
+import importlib.util, sys
+from absl.testing import absltest
+spec = importlib.util.spec_from_file_location("listed", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+pending = [absltest.TestLoader().loadTestsFromModule(module)]
+while pending:
+    for test in pending.pop():
+        if hasattr(test, "__iter__"):
+            pending.append(test)
+        else:
+            print(test.id().partition(".")[2])
+"""
+
+
+def _program(folder: str, name: str, arguments: Sequence[str], timeout: float,
+             report: Optional[str] = None) -> tuple:
+    """Runs ``python NAME ARGUMENTS`` in ``folder``, in a process group that is killed whole
+    when it ends or times out: (its output, whether it timed out)."""
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
+    if report:
+        env["XML_OUTPUT_FILE"] = report
+    with subprocess.Popen([sys.executable, name, *arguments], cwd=folder, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            output, timed_out = "", True
+        finally:
+            try:  # the test's own worker processes too
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if timed_out:
+                process.communicate()
+    return output, timed_out
+
+
+def _reported(folder: str, name: str, arguments: Sequence[str], timeout: float,
+              what: str) -> dict:
+    """Counts of one run of the file (all of it, or the tests named), from absl's report; a run
+    that wrote none is one error named ``what``."""
+    report = os.path.join(folder, "report.xml")
+    if os.path.exists(report):
+        os.remove(report)
+    output, timed_out = _program(folder, name, arguments, timeout, report)
+    if os.path.exists(report) and os.path.getsize(report):
+        return {**_counts(report), "timed_out": timed_out}
+    last = output.strip().splitlines()[-1:] or ["no report"]
+    return {**{c: 0 for c in COUNTS}, "errors": 1, "timed_out": timed_out, "failures": [
+        f"{what}: " + (f"timed out after {timeout:.0f} s" if timed_out else last[0][:300])]}
+
+
+def run_file(path: str, timeout: float, test_timeout: Optional[float] = None) -> dict:
+    """One test file as a program of its own, in a temporary folder. A file that runs past
+    ``timeout`` runs again one test per program, each with ``test_timeout``, so that the tests
+    that wait forever are named and the others counted."""
+    name = os.path.basename(path)
     with tempfile.TemporaryDirectory(prefix="estimator-suite-") as folder:
         shutil.copy(path, folder)
         shutil.copy(SITECUSTOMIZE, os.path.join(folder, "sitecustomize.py"))
-        report = os.path.join(folder, "report.xml")
-        env = _env()
-        env["XML_OUTPUT_FILE"] = report
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
         started = time.monotonic()
-        with subprocess.Popen([sys.executable, os.path.basename(path)], cwd=folder, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True) as process:
-            try:
-                output, _ = process.communicate(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                output, timed_out = "", True
-            finally:
-                try:  # the test's own worker processes too
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                if timed_out:
-                    process.communicate()
-        seconds = round(time.monotonic() - started, 1)
-        if os.path.exists(report) and os.path.getsize(report):
-            result = _counts(report)
-        else:  # killed, or it ended before its runner wrote the report
-            last = output.strip().splitlines()[-1:] or [f"exit {process.returncode}"]
-            result = {**{name: 0 for name in COUNTS}, "errors": 1, "failures": [
-                f"{os.path.basename(path)}: " + ("timed out" if timed_out else last[0][:300])]}
-    return {**result, "seconds": seconds, "timed_out": timed_out}
+        result = _reported(folder, name, [], timeout, name)
+        if result["timed_out"] and test_timeout:
+            listed, listing_timed_out = _program(folder, "-c", [LIST_TESTS, name], 600)
+            tests = [] if listing_timed_out else re.findall(r"^\w+\.\w+$", listed, re.M)
+            if tests:
+                result = {**{c: 0 for c in COUNTS}, "failures": [], "timed_out": True,
+                          "one_by_one": True}
+                for test in tests:
+                    alone = _reported(folder, name, [test], test_timeout,
+                                      test.replace(".", "::", 1))
+                    for key in (*COUNTS, "failures"):
+                        result[key] += alone[key]
+        result["seconds"] = round(time.monotonic() - started, 1)
+    return result
 
 
 def _load(path: str) -> dict:
@@ -157,7 +208,7 @@ def _load(path: str) -> dict:
 
 
 def run(tests: str, files: Sequence[str], out: str, timeout: float,
-        update: bool = False) -> None:
+        update: bool = False, test_timeout: Optional[float] = None) -> None:
     names = sorted(n for n in os.listdir(tests) if n.endswith("_test.py"))
     if files:
         names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in files)]
@@ -173,7 +224,7 @@ def run(tests: str, files: Sequence[str], out: str, timeout: float,
                      f"--update only adds to a record of this interpreter's versions")
         record["files"] = kept["files"]
     for name in names:
-        record["files"][name] = run_file(os.path.join(tests, name), timeout)
+        record["files"][name] = run_file(os.path.join(tests, name), timeout, test_timeout)
         record["files"] = dict(sorted(record["files"].items()))
         counts = record["files"][name]
         print(f"{name}: " + ", ".join(f"{counts[c]} {c}" for c in COUNTS if counts[c])
@@ -191,6 +242,8 @@ def _cell(counts: Optional[dict]) -> str:
     if counts is None:
         return "-"
     text = f"{counts['passed']} / {counts['failed'] + counts['errors']} / {counts['skipped']}"
+    if counts.get("one_by_one"):
+        return text + " (one test per program)"
     return text + (" (timed out)" if counts.get("timed_out") else "")
 
 
@@ -250,6 +303,9 @@ def main() -> None:
     runner.add_argument("--out", required=True, help="the record (JSON) to write")
     runner.add_argument("--timeout", type=float, default=3600,
                         help="seconds a file may run before it counts as timed out")
+    runner.add_argument("--test-timeout", type=float, default=None,
+                        help="a file that times out runs again one test per program, each "
+                        "given these seconds (off by default)")
     runner.add_argument("--update", action="store_true",
                         help="run the files again into the record --out, keeping the others")
     tabler = commands.add_parser("table", help="records side by side, as Markdown")
@@ -260,7 +316,7 @@ def main() -> None:
             parser.error(f"--tests {args.tests}: not a folder")
         if args.update and not os.path.isfile(args.out):
             parser.error(f"--update: no record {args.out} to update; run without --update")
-        run(args.tests, args.files, args.out, args.timeout, args.update)
+        run(args.tests, args.files, args.out, args.timeout, args.update, args.test_timeout)
     else:
         table(args.records)
 
