@@ -342,6 +342,21 @@ def test_the_estimator_calls_only_what_the_supplied_coordinator_module_has():
     assert all(callable(getattr(module, name, None)) for name in called)
 
 
+@pytest.mark.parametrize("cluster, task, expected", [
+    ({"chief": 1, "worker": 2, "ps": 1}, ("chief", 0), 0),
+    ({"chief": 1, "worker": 2, "ps": 1}, ("worker", 1), 2),
+    ({"chief": 1, "worker": 2, "ps": 2}, ("ps", 1), 4),
+    ({"chief": 1, "worker": 2, "evaluator": 1}, ("worker", 0), 2),  # "evaluator" sorts first
+    ({"worker": 3}, ("worker", 2), 2),  # no chief
+    ({"worker": 3, "ps": 1}, ("ps", 0), 3),
+    ({"worker": 3}, (None, None), 0),  # replicated in one graph: no task
+])
+def test_a_tasks_global_id_is_its_place_in_the_documented_order(cluster, task, expected):
+    spec = tf.train.ClusterSpec({job: [f"host:{port}" for port in range(count)]
+                                 for job, count in cluster.items()})
+    assert layer._global_id(spec, *task) == expected
+
+
 # One worker of a cluster of workers only (no chief): MultiWorkerMirroredStrategy as TF's docs
 # set it up, through train_and_evaluate, which runs it on the distribute coordinator's
 # independent-worker road. The first worker is the chief; it saves and evaluates.

@@ -350,9 +350,13 @@ def _global_id(cluster_spec, task_type: str, task_id: int) -> int:
     documents: the chief first, then every other job but the parameter servers by name, then
     those. A cluster may have no chief: MultiWorkerMirroredStrategy's workers alone, as TF's
     docs set them up. (The estimator's ``run_config._get_global_id_in_cluster`` counts a chief
-    whatever the cluster; TF 2.15's coordinator module counted one only where there was.)"""
+    whatever the cluster; TF 2.15's coordinator module counted one only where there was.) A
+    strategy that replicates in one graph across the cluster runs as no task (``task_type``
+    None): it is number 0, as in 2.15."""
     from tensorflow_estimator.python.estimator.run_config import TaskType
 
+    if not task_type:
+        return 0
     jobs = cluster_spec.jobs
     order = ([TaskType.CHIEF] if TaskType.CHIEF in jobs else []) + sorted(
         job for job in jobs if job not in (TaskType.CHIEF, TaskType.PS)) + (
