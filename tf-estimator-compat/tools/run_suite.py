@@ -24,9 +24,9 @@ A record holds the TensorFlow, Python, Keras, NumPy and estimator versions, and 
 passed, failed, errored and skipped tests, the seconds it took, each failure's name and first
 line, and whether the file timed out (``--timeout``); with ``--test-timeout``, a file that
 timed out runs again one test per program, so that the tests that wait forever are named and
-the others counted. ``--update`` runs the files named again
-into a record of the same versions, keeping the others. ``table`` compares each record with the
-first: a file whose counts differ is marked, and its failures are listed under the table.
+the others counted. ``--update`` runs the files named again into a record of the same versions,
+keeping the others. ``table`` compares each record with the first: a file whose counts differ
+is marked, and its failures are listed under the table.
 """
 
 import argparse
