@@ -14,9 +14,15 @@ import pytest
 DISTRIBUTION = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(DISTRIBUTION, "tools", "run_suite.py")
 
+
+def _absl_program(source: str) -> str:
+    """A test file as the estimator's are: a program that ends in absl's test runner."""
+    return textwrap.dedent(source) + '\nif __name__ == "__main__":\n    absltest.main()\n'
+
+
 # A test file as the estimator's are: a program whose main block reads absl flags, and whose
 # tests call names Python 3.11 and 3.12 removed, beside a test that fails and one that skips.
-OLD_PYTHON_TEST = textwrap.dedent("""\
+OLD_PYTHON_TEST = _absl_program("""\
     import inspect
     import unittest
 
@@ -43,23 +49,17 @@ OLD_PYTHON_TEST = textwrap.dedent("""\
         @unittest.skip("not here")
         def test_skips(self):
             pass
-
-    if __name__ == "__main__":
-        absltest.main()
     """)
-OTHER_TEST = textwrap.dedent("""\
+OTHER_TEST = _absl_program("""\
     from absl.testing import absltest
 
     class OtherTest(absltest.TestCase):
         def test_passes(self):
             pass
-
-    if __name__ == "__main__":
-        absltest.main()
     """)
 # A file one of whose tests waits forever: run whole it times out, run one test per program
 # the other test counts.
-ONE_TEST_HANGS = textwrap.dedent("""\
+ONE_TEST_HANGS = _absl_program("""\
     import time
     from absl.testing import absltest
 
@@ -69,9 +69,6 @@ ONE_TEST_HANGS = textwrap.dedent("""\
 
         def test_passes(self):
             pass
-
-    if __name__ == "__main__":
-        absltest.main()
     """)
 # A file that hangs with a worker of its own, and one that dies before its runner reports.
 HANGING_TEST = textwrap.dedent("""\
